@@ -1,0 +1,29 @@
+"""hf-posenc: switch the positional encoding of Hugging Face RoPE checkpoints in a few lines.
+
+```python
+import hf_posenc
+model = AutoModelForCausalLM.from_pretrained(...)
+hf_posenc.patch_model(model, scheme="cope")        # or "hardclip", "prope", "rope"
+model.save_pretrained("out")                        # the scheme is recorded in config.json
+AutoModelForCausalLM.from_pretrained("out")         # patched again (after `import hf_posenc`)
+```
+
+Importing the package registers the CoPE/HardClip rope types and the patched model types with Transformers.
+"""
+
+from .record import FORMAT_VERSION, LIBRARY_VERSION
+from .schemes import SCHEMES, CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig, SchemeConfig, make_scheme
+from .schemes.cope import register_rope_types
+
+register_rope_types()
+
+from .patches import ADAPTERS  # noqa: E402  (registers the patched model types)
+from .patching import get_scheme, patch_model  # noqa: E402
+from .export import export_stock  # noqa: E402
+
+__version__ = LIBRARY_VERSION
+
+__all__ = [
+    "patch_model", "get_scheme", "export_stock", "make_scheme", "SCHEMES", "ADAPTERS", "SchemeConfig",
+    "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "FORMAT_VERSION", "__version__",
+]

@@ -1,0 +1,105 @@
+"""What every model family shares: the patched config/model classes and their registration.
+
+A patched model keeps its family's modeling code. Its config becomes a subclass with its own ``model_type``
+(``hf_posenc_<type>``) carrying the scheme record, so that
+
+* ``save_pretrained`` writes the scheme into ``config.json``;
+* ``AutoModelForCausalLM.from_pretrained`` rebuilds the patched model after ``import hf_posenc`` (the classes are
+  registered with the Auto classes; no ``trust_remote_code``);
+* without hf-posenc, Transformers refuses the unknown model type instead of silently loading plain RoPE.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+
+from ..record import RECORD_KEY, SchemeRecord
+from ..schemes.cope import CLIPPED_ROPE_TYPES, validate_clipped_rope_parameters
+
+GLOBAL_LAYER_TYPE = "full_attention"
+MODEL_TYPE_PREFIX = "hf_posenc_"
+
+
+class PosencConfigMixin:
+    """Validates the scheme record on construction and teaches rope validation the CoPE/HardClip types."""
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        record = getattr(self, RECORD_KEY, None)
+        if record is not None:
+            SchemeRecord.from_dict(record)
+        super().__post_init__(**kwargs)
+
+
+for _rope_type in CLIPPED_ROPE_TYPES:
+    setattr(PosencConfigMixin, f"_validate_{_rope_type}_rope_parameters", validate_clipped_rope_parameters)
+
+
+@dataclass
+class FamilyAdapter:
+    """One supported model family: its stock classes, its patched classes, and what differs.
+
+    Attributes:
+        stock_config_class / stock_model_class: the family's Transformers classes.
+        config_class / model_class: the patched subclasses (built by :func:`make_family`).
+        notes: anything family-specific worth telling the user (shown by ``hf-posenc info``).
+    """
+
+    stock_config_class: type
+    stock_model_class: type
+    config_class: type
+    model_class: type
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def stock_model_type(self) -> str:
+        return self.stock_config_class.model_type
+
+    @property
+    def model_type(self) -> str:
+        return self.config_class.model_type
+
+    def rope_layer_keys(self, config: Any, layers: str) -> list[str | None]:
+        """Which entries of ``config.rope_parameters`` a scheme rewrites: ``[None]`` for a flat dict; for configs
+        nested per layer type (Gemma3), the global (full-attention) entry, or every entry with ``layers="all"``."""
+        nested = config.nested_rope_parameter_keys(config.rope_parameters)
+        if not nested:
+            return [None]
+        if layers == "all":
+            return [k for k in nested if config.rope_parameters[k] is not None]
+        return [GLOBAL_LAYER_TYPE]
+
+
+def make_family(stock_config_class: type, stock_model_class: type, module: str, notes: list[str] | None = None):
+    """Create the patched config and causal-LM classes of one family and register them with the Auto classes."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    stock_type = stock_config_class.model_type
+    prefix = stock_model_class.__name__.removesuffix("ForCausalLM")
+    config_class = strict(
+        type(
+            f"{prefix}PosencConfig",
+            (PosencConfigMixin, stock_config_class),
+            {
+                "model_type": MODEL_TYPE_PREFIX + stock_type,
+                "__annotations__": {RECORD_KEY: dict | None},
+                RECORD_KEY: None,
+                "__module__": module,
+                "__doc__": f"{stock_config_class.__name__} with an hf-posenc positional-encoding scheme.",
+            },
+        )
+    )
+    model_class = type(
+        f"{prefix}PosencForCausalLM",
+        (stock_model_class,),
+        {
+            "config_class": config_class,
+            "__module__": module,
+            "__doc__": f"{stock_model_class.__name__} whose positional encoding is set by `config.{RECORD_KEY}`.",
+        },
+    )
+    AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
+    AutoModelForCausalLM.register(config_class, model_class, exist_ok=True)
+    return FamilyAdapter(stock_config_class, stock_model_class, config_class, model_class, notes or [])

@@ -1,0 +1,77 @@
+"""The checkpoint format: what a patched model records in ``config.json`` under the ``hf_posenc`` key.
+
+```
+"hf_posenc": {
+  "format_version": 1,             # bumped on any incompatible change; newer versions are refused
+  "library_version": "0.1.0",      # hf-posenc version that wrote it (information only)
+  "scheme": "cope",                # a name in hf_posenc.schemes.SCHEMES
+  "options": {...},                # the scheme config, resolved (model-dependent defaults filled in)
+  "stock_model_type": "llama",     # the model type before patching (used by export_stock and unpatching)
+  "original_rope_parameters": {...}  # the rope parameters before patching (used by replace=True)
+}
+```
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from .schemes import SCHEMES, SchemeConfig
+
+FORMAT_VERSION = 1
+LIBRARY_VERSION = "0.1.0"
+RECORD_KEY = "hf_posenc"
+
+
+@dataclass(frozen=True)
+class SchemeRecord:
+    """The parsed ``hf_posenc`` entry of a config."""
+
+    scheme: SchemeConfig
+    stock_model_type: str
+    original_rope_parameters: dict[str, Any]
+    format_version: int = FORMAT_VERSION
+    library_version: str = LIBRARY_VERSION
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format_version": self.format_version,
+            "library_version": self.library_version,
+            "scheme": self.scheme.name,
+            "options": self.scheme.to_dict(),
+            "stock_model_type": self.stock_model_type,
+            "original_rope_parameters": copy.deepcopy(self.original_rope_parameters),
+        }
+
+    @classmethod
+    def from_dict(cls, record: dict[str, Any]) -> SchemeRecord:
+        """Parse and validate a record; a record this version cannot honour is a clear error, never ignored."""
+        if not isinstance(record, dict):
+            raise ValueError(f"config.{RECORD_KEY} must be a dict, got {type(record).__name__}.")
+        version = record.get("format_version")
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ValueError(f"config.{RECORD_KEY} has no valid format_version: {version!r}.")
+        if version > FORMAT_VERSION:
+            raise ValueError(
+                f"this checkpoint was written by hf-posenc {record.get('library_version', '?')} in checkpoint format "
+                f"{version}, newer than the format {FORMAT_VERSION} this hf-posenc {LIBRARY_VERSION} reads; upgrade "
+                "with `pip install -U hf-posenc`."
+            )
+        name = record.get("scheme")
+        if name not in SCHEMES:
+            raise ValueError(
+                f"this checkpoint uses the positional-encoding scheme {name!r}, which hf-posenc {LIBRARY_VERSION} "
+                f"does not know (known: {sorted(SCHEMES)}); upgrade with `pip install -U hf-posenc`."
+            )
+        missing = [k for k in ("options", "stock_model_type", "original_rope_parameters") if k not in record]
+        if missing:
+            raise ValueError(f"config.{RECORD_KEY} misses {missing}.")
+        return cls(
+            scheme=SCHEMES[name].from_dict(record["options"]),
+            stock_model_type=record["stock_model_type"],
+            original_rope_parameters=copy.deepcopy(record["original_rope_parameters"]),
+            format_version=version,
+            library_version=record.get("library_version", "?"),
+        )

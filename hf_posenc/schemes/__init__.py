@@ -1,0 +1,37 @@
+"""Positional-encoding schemes: one module per scheme, each with a typed config dataclass."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .base import FrequencySchemeConfig, SchemeConfig
+from .cope import CoPEConfig, HardClipConfig
+from .prope import PRoPEConfig
+from .rope import RoPEConfig
+
+SCHEMES: dict[str, type[SchemeConfig]] = {
+    cls.name: cls for cls in (RoPEConfig, CoPEConfig, HardClipConfig, PRoPEConfig)
+}
+
+
+def make_scheme(scheme: str | SchemeConfig, **options: Any) -> SchemeConfig:
+    """Build a scheme config from a name and options, or pass a config through (then no options are allowed)."""
+    if isinstance(scheme, SchemeConfig):
+        if options:
+            raise TypeError(
+                f"pass options either inside the {type(scheme).__name__} or as keywords with scheme={scheme.name!r}, "
+                f"not both (got {sorted(options)})."
+            )
+        return scheme
+    if not isinstance(scheme, str):
+        raise TypeError(f"scheme must be a name or a scheme config, got {type(scheme).__name__}.")
+    cls = SCHEMES.get(scheme)
+    if cls is None:
+        raise ValueError(f"unknown scheme {scheme!r}; valid schemes are {sorted(SCHEMES)}.")
+    return cls.from_dict(options)
+
+
+__all__ = [
+    "SCHEMES", "SchemeConfig", "FrequencySchemeConfig", "RoPEConfig", "CoPEConfig", "HardClipConfig", "PRoPEConfig",
+    "make_scheme",
+]

@@ -1,0 +1,151 @@
+"""Typed scheme configurations shared by every positional-encoding scheme.
+
+A scheme config is a frozen dataclass: it validates its own options when built (types and ranges that do not
+depend on the model) and again against a model's head dimension in :meth:`SchemeConfig.check_model`. Configs
+serialise to plain dicts (``to_dict``/``from_dict``), which is what travels in ``config.json``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Literal
+
+LayerSelection = Literal["global", "all"]
+SCALING_TYPES = ("linear", "dynamic", "yarn", "llama3")
+_SCALING_OPTION_KEYS = {
+    "linear": set(),
+    "dynamic": set(),
+    "yarn": {"beta_fast", "beta_slow", "mscale", "mscale_all_dim", "attention_factor", "truncate"},
+    "llama3": {"low_freq_factor", "high_freq_factor"},
+}
+_LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+def check_type(scheme: str, name: str, value: Any, kinds: tuple[type, ...], optional: bool = False) -> None:
+    """Raise ``TypeError`` unless ``value`` is one of ``kinds`` (``bool`` never counts as a number)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) and bool not in kinds:
+        ok = False
+    else:
+        ok = isinstance(value, kinds)
+    if not ok:
+        expected = " or ".join(k.__name__ for k in kinds) + (" or None" if optional else "")
+        raise TypeError(f"{scheme}: option {name!r} must be {expected}, got {type(value).__name__} ({value!r}).")
+
+
+@dataclass(frozen=True)
+class SchemeConfig:
+    """Base of all scheme configs.
+
+    Attributes:
+        layers: which attention layers the scheme applies to in families with separate rotary settings per layer
+            type (Gemma3): ``"global"`` (the full-attention layers, default) or ``"all"``. Families with a single
+            rotary setting always apply it to every layer.
+    """
+
+    name: ClassVar[str]
+    paper: ClassVar[str]
+    layers: LayerSelection = "global"
+
+    def __post_init__(self) -> None:
+        if self.layers not in ("global", "all"):
+            raise ValueError(f"{self.name}: layers must be 'global' or 'all', got {self.layers!r}.")
+
+    # -- model-dependent checks -------------------------------------------------------------------------------
+    def check_model(self, head_dim: int) -> None:
+        """Validate the options against a model's head dimension (raises ``ValueError``)."""
+
+    def resolved(self, head_dim: int) -> SchemeConfig:
+        """Return a copy whose model-dependent defaults are filled in."""
+        return self
+
+    # -- serialisation --------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, options: dict[str, Any]) -> SchemeConfig:
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - names)
+        if unknown:
+            raise ValueError(f"{cls.name}: unknown option(s) {unknown}; valid options are {sorted(names)}.")
+        return cls(**options)
+
+
+@dataclass(frozen=True)
+class FrequencySchemeConfig(SchemeConfig):
+    """Options that change the base RoPE frequencies before a scheme acts on them.
+
+    Attributes:
+        rope_theta: a new base θ (ABF, Xiong et al. 2024); ``None`` keeps the model's.
+        scaling: a standard context-extension scaling applied first: ``"linear"`` (PI), ``"dynamic"`` (NTK),
+            ``"yarn"`` or ``"llama3"``; ``None`` keeps the model's own rope type (which may already be one of these,
+            or ``longrope``).
+        factor: the scaling factor (required with ``scaling``).
+        original_max_position_embeddings: pre-training length for yarn/llama3 (defaults to the model's
+            ``max_position_embeddings``).
+        scaling_options: extra keys of the scaling type (yarn: ``beta_fast``, ``beta_slow``, ``mscale``,
+            ``mscale_all_dim``, ``attention_factor``, ``truncate``; llama3: ``low_freq_factor``,
+            ``high_freq_factor``).
+    """
+
+    rope_theta: float | None = None
+    scaling: str | None = None
+    factor: float | None = None
+    original_max_position_embeddings: int | None = None
+    scaling_options: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_type(self.name, "rope_theta", self.rope_theta, (int, float), optional=True)
+        check_type(self.name, "scaling", self.scaling, (str,), optional=True)
+        check_type(self.name, "factor", self.factor, (int, float), optional=True)
+        check_type(
+            self.name, "original_max_position_embeddings", self.original_max_position_embeddings, (int,), True
+        )
+        check_type(self.name, "scaling_options", self.scaling_options, (dict,))
+        if self.rope_theta is not None and not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
+            raise ValueError(f"{self.name}: rope_theta must be a finite number > 1, got {self.rope_theta}.")
+        if self.scaling is None:
+            if self.factor is not None or self.scaling_options or self.original_max_position_embeddings:
+                raise ValueError(
+                    f"{self.name}: factor/scaling_options/original_max_position_embeddings need a scaling type; "
+                    f"pass scaling= one of {list(SCALING_TYPES)}."
+                )
+            return
+        if self.scaling not in SCALING_TYPES:
+            raise ValueError(f"{self.name}: scaling must be one of {list(SCALING_TYPES)} or None, got {self.scaling!r}.")
+        if self.factor is None or not (math.isfinite(self.factor) and self.factor >= 1):
+            raise ValueError(f"{self.name}: scaling={self.scaling!r} needs factor >= 1, got {self.factor!r}.")
+        if self.original_max_position_embeddings is not None and self.original_max_position_embeddings < 1:
+            raise ValueError(f"{self.name}: original_max_position_embeddings must be >= 1.")
+        unknown = set(self.scaling_options) - _SCALING_OPTION_KEYS[self.scaling]
+        if unknown:
+            raise ValueError(
+                f"{self.name}: scaling_options {sorted(unknown)} are not used by {self.scaling!r}; valid keys: "
+                f"{sorted(_SCALING_OPTION_KEYS[self.scaling])}."
+            )
+
+    def base_rope_parameters(self, model_params: dict[str, Any], max_position_embeddings: int) -> dict[str, Any]:
+        """The stock rope parameters the scheme starts from: the model's own, with ABF and scaling applied."""
+        params = dict(model_params)
+        if self.rope_theta is not None:
+            params["rope_theta"] = float(self.rope_theta)
+        if self.scaling is None:
+            return params
+        params = {"rope_type": self.scaling, "rope_theta": params["rope_theta"], "factor": float(self.factor)}
+        if self.scaling in ("yarn", "llama3"):
+            params["original_max_position_embeddings"] = (
+                self.original_max_position_embeddings or max_position_embeddings
+            )
+        if self.scaling == "llama3":
+            params.update(_LLAMA3_DEFAULTS)
+        params.update(self.scaling_options)
+        return params
+
+    def rope_parameters(self, model_params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> dict:
+        """The rope parameters the patched layers use (Transformers' ``rope_parameters`` format)."""
+        return self.base_rope_parameters(model_params, max_position_embeddings)
