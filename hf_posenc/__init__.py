@@ -12,10 +12,15 @@ Importing the package registers the CoPE/HardClip rope types and the patched mod
 """
 
 from .record import FORMAT_VERSION, LIBRARY_VERSION
-from .schemes import SCHEMES, CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig, SchemeConfig, make_scheme
+from .schemes import (
+    SCHEMES, CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig, SchemeConfig, TAPAConfig, TAPEConfig,
+    make_scheme,
+)
 from .schemes.cope import register_rope_types
+from .schemes.tapa import register_tapa_attention
 
 register_rope_types()
+register_tapa_attention()
 
 from .patches import ADAPTERS  # noqa: E402  (registers the patched model types)
 from .patching import get_scheme, patch_model  # noqa: E402
@@ -25,5 +30,5 @@ __version__ = LIBRARY_VERSION
 
 __all__ = [
     "patch_model", "get_scheme", "export_stock", "make_scheme", "SCHEMES", "ADAPTERS", "SchemeConfig",
-    "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "FORMAT_VERSION", "__version__",
+    "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "TAPAConfig", "TAPEConfig", "FORMAT_VERSION", "__version__",
 ]

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import copy
+import warnings
 from typing import Any
 
 import torch
 from torch import nn
 
 from .patches import adapter_for
+from .patches.base import required_attn_implementation
 from .record import RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
 
@@ -105,10 +107,11 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     else:
         original = copy.deepcopy(config.rope_parameters)
 
+    frequencies = config_scheme.frequency_scheme()
     rope_parameters = copy.deepcopy(original)
-    for key in adapter.rope_layer_keys(config, config_scheme.layers):
+    for key in adapter.rope_layer_keys(config, frequencies.layers):
         layer = original if key is None else original[key]
-        new = config_scheme.rope_parameters(layer, head_dim, config.max_position_embeddings)
+        new = frequencies.rope_parameters(layer, head_dim, config.max_position_embeddings)
         if key is None:
             rope_parameters = new
         else:
@@ -124,6 +127,7 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     with torch.no_grad():
         rotaries = [(parent, name, _rebuild_rotary(old, candidate)) for parent, name, old in _rotary_modules(model)]
 
+    previous_attn = required_attn_implementation(config)
     config.__class__ = adapter.config_class
     config.rope_parameters = rope_parameters
     setattr(config, RECORD_KEY, record)
@@ -132,4 +136,18 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
         setattr(parent, name, module)
     if type(model) is adapter.stock_model_class:
         model.__class__ = adapter.model_class
+    if current is not None:
+        current.scheme.uninstall(model)
+    config_scheme.install(model)
+    if config_scheme.attn_implementation is not None:
+        model.set_attn_implementation(config_scheme.attn_implementation)
+        if current is None:
+            warnings.warn(
+                f"{config_scheme.name} replaces how attention scores are computed, so a model pretrained with RoPE "
+                "needs training before it is useful again (the paper trains with it); see recipes/ for continued "
+                "training with `hf-posenc train`.",
+                stacklevel=2,
+            )
+    elif previous_attn is not None:
+        model.set_attn_implementation(None)
     return model

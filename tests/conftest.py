@@ -10,3 +10,7 @@ import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# The suite builds many small models with flex_attention; each shape is one more compilation.
+torch._dynamo.config.recompile_limit = 256
+torch._dynamo.config.accumulated_recompile_limit = 4096

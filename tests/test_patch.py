@@ -59,7 +59,7 @@ def test_kv_cache_generation_equals_full_forward(arch, backend):
     ids = random_ids(1, 12)
     for scheme, options in ACTIVE:
         model = hf_posenc.patch_model(tiny_model(arch, backend), scheme, **options)
-        cached = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=True, pad_token_id=0)
+        cached = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
         assert torch.equal(cached, greedy_without_cache(model, ids, 10)), scheme
 
 

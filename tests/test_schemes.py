@@ -127,7 +127,7 @@ def test_cope_over_longrope_folds_the_taper_into_both_factor_lists():
 @pytest.mark.parametrize(
     "kwargs, error, match",
     [
-        (dict(scheme="nope"), ValueError, r"valid schemes are \['cope', 'hardclip', 'prope', 'rope'\]"),
+        (dict(scheme="nope"), ValueError, r"valid schemes are \['cope', 'hardclip', 'prope', 'rope', 'tapa', 'tape'\]"),
         (dict(scheme="prope", p=1.5), ValueError, r"p must be in \[0, 1\]"),
         (dict(scheme="prope", p=-0.1), ValueError, r"p must be in \[0, 1\]"),
         (dict(scheme="prope", p="0.5"), TypeError, "'p' must be int or float"),

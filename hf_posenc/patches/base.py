@@ -37,6 +37,39 @@ for _rope_type in CLIPPED_ROPE_TYPES:
     setattr(PosencConfigMixin, f"_validate_{_rope_type}_rope_parameters", validate_clipped_rope_parameters)
 
 
+def required_attn_implementation(config: Any) -> str | None:
+    """The attention implementation a config's scheme needs (TAPA), or ``None`` if any backend works."""
+    from ..schemes import SCHEMES
+
+    record = getattr(config, RECORD_KEY, None)
+    scheme = None if record is None else SCHEMES.get(record.get("scheme"))
+    return None if scheme is None else scheme.attn_implementation
+
+
+class PosencModelMixin:
+    """Builds the modules a scheme adds (TAPE) when a checkpoint is loaded, and keeps the attention implementation
+    a scheme requires (TAPA): loading or ``set_attn_implementation`` picks it, and asking for another one is a
+    clear error instead of silently computing plain attention."""
+
+    def __init__(self, config: Any, *args: Any, **kwargs: Any) -> None:
+        super().__init__(config, *args, **kwargs)
+        record = getattr(config, RECORD_KEY, None)
+        if record is not None:
+            SchemeRecord.from_dict(record).scheme.install(self)
+
+    def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, is_init_check: bool = False,
+                                              **kwargs: Any) -> str:
+        required = required_attn_implementation(self.config)
+        if required is None:
+            return super()._check_and_adjust_attn_implementation(attn_implementation, is_init_check, **kwargs)
+        if attn_implementation not in (None, required):
+            raise ValueError(
+                f"this model's positional-encoding scheme computes attention itself through {required!r}; "
+                f"attn_implementation={attn_implementation!r} would drop it. Leave attn_implementation unset."
+            )
+        return required
+
+
 @dataclass
 class FamilyAdapter:
     """One supported model family: its stock classes, its patched classes, and what differs.
@@ -93,7 +126,7 @@ def make_family(stock_config_class: type, stock_model_class: type, module: str, 
     )
     model_class = type(
         f"{prefix}PosencForCausalLM",
-        (stock_model_class,),
+        (PosencModelMixin, stock_model_class),
         {
             "config_class": config_class,
             "__module__": module,

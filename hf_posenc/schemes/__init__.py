@@ -8,9 +8,11 @@ from .base import FrequencySchemeConfig, SchemeConfig
 from .cope import CoPEConfig, HardClipConfig
 from .prope import PRoPEConfig
 from .rope import RoPEConfig
+from .tapa import TAPAConfig
+from .tape import TAPEConfig
 
 SCHEMES: dict[str, type[SchemeConfig]] = {
-    cls.name: cls for cls in (RoPEConfig, CoPEConfig, HardClipConfig, PRoPEConfig)
+    cls.name: cls for cls in (RoPEConfig, CoPEConfig, HardClipConfig, PRoPEConfig, TAPAConfig, TAPEConfig)
 }
 
 
@@ -33,5 +35,5 @@ def make_scheme(scheme: str | SchemeConfig, **options: Any) -> SchemeConfig:
 
 __all__ = [
     "SCHEMES", "SchemeConfig", "FrequencySchemeConfig", "RoPEConfig", "CoPEConfig", "HardClipConfig", "PRoPEConfig",
-    "make_scheme",
+    "TAPAConfig", "TAPEConfig", "make_scheme",
 ]

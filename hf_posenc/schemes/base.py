@@ -48,6 +48,8 @@ class SchemeConfig:
 
     name: ClassVar[str]
     paper: ClassVar[str]
+    # The attention implementation the scheme registers, or None when it only changes rotary frequencies.
+    attn_implementation: ClassVar[str | None] = None
     layers: LayerSelection = "global"
 
     def __post_init__(self) -> None:
@@ -61,6 +63,19 @@ class SchemeConfig:
     def resolved(self, head_dim: int) -> SchemeConfig:
         """Return a copy whose model-dependent defaults are filled in."""
         return self
+
+    def frequency_scheme(self) -> SchemeConfig:
+        """The scheme whose ``rope_parameters`` set the rotary frequencies (itself, or a nested one for TAPE)."""
+        return self
+
+    # -- modules a scheme adds to the model (TAPE); frequency and attention schemes add none ------------------
+    trainable_modules: ClassVar[tuple[str, ...]] = ()
+
+    def install(self, model: Any) -> None:
+        """Add the scheme's modules to ``model`` (called by ``patch_model`` and when a checkpoint is loaded)."""
+
+    def uninstall(self, model: Any) -> None:
+        """Remove what :meth:`install` added (called when ``replace=True`` switches to another scheme)."""
 
     # -- serialisation --------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:

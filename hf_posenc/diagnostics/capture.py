@@ -1,0 +1,232 @@
+"""Getting pre-rotation queries, keys and values, and the rotary frequencies, out of a Transformers 5.x model.
+
+Only public conventions of the supported families are used: the decoder layers at ``model.model.layers`` (or
+``get_decoder().layers``), each with ``self_attn.q_proj``/``k_proj``/``v_proj`` (plus ``q_norm``/``k_norm`` on
+Qwen3/Gemma3, applied per head before the rotation), ``self_attn.scaling`` (the softmax scale), optional
+``sliding_window``/``attn_logit_softcapping``, and the rotary module's ``inv_freq``/``attention_scaling`` buffers
+(``{layer_type}_inv_freq``/``{layer_type}_attention_scaling`` on Gemma3, keyed by ``config.layer_types``).
+
+Projections are captured with forward hooks, reshaped to ``[batch, heads, seq, head_dim]`` and kept only for the
+layers and heads asked for. Keys and values are *aligned* with the selected query heads: with grouped-query
+attention, query head ``h`` reads key/value head ``h // (num_heads // num_kv_heads)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+KINDS = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class AttentionGeometry:
+    """Head counts and sizes of a model's attention."""
+
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+    @property
+    def group(self) -> int:
+        return self.num_heads // self.num_kv_heads
+
+
+def decoder_layers(model: nn.Module) -> nn.ModuleList:
+    """The decoder layers of a causal LM (``model.model.layers`` in every supported family)."""
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise TypeError(f"{type(model).__name__} has no decoder `layers`; pass a Transformers causal LM.")
+    return layers
+
+
+def geometry(model: nn.Module) -> AttentionGeometry:
+    config = model.config
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv = getattr(config, "num_key_value_heads", None) or heads
+    return AttentionGeometry(len(decoder_layers(model)), heads, kv, head_dim)
+
+
+def check_layers(model: nn.Module, layers: Sequence[int] | None) -> list[int]:
+    """Validate a layer selection (``None`` = every layer; negative indices count from the end)."""
+    n = geometry(model).num_layers
+    if layers is None:
+        return list(range(n))
+    out = []
+    for layer in layers:
+        if isinstance(layer, bool) or not isinstance(layer, int):
+            raise TypeError(f"layers must be integers, got {layer!r}.")
+        if not -n <= layer < n:
+            raise ValueError(f"layer {layer} does not exist: the model has {n} layers (valid: 0..{n - 1} or -{n}..-1).")
+        out.append(layer % n)
+    if not out:
+        raise ValueError("the layer selection is empty; pass at least one layer or None for all.")
+    return sorted(set(out))
+
+
+def check_heads(model: nn.Module, heads: Sequence[int] | None) -> list[int]:
+    """Validate a query-head selection (``None`` = every head)."""
+    n = geometry(model).num_heads
+    if heads is None:
+        return list(range(n))
+    out = []
+    for head in heads:
+        if isinstance(head, bool) or not isinstance(head, int):
+            raise TypeError(f"heads must be integers, got {head!r}.")
+        if not 0 <= head < n:
+            raise ValueError(f"head {head} does not exist: the model has {n} query heads (valid: 0..{n - 1}).")
+        out.append(head)
+    if not out:
+        raise ValueError("the head selection is empty; pass at least one head or None for all.")
+    return sorted(set(out))
+
+
+def _rotary_module(model: nn.Module) -> nn.Module:
+    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
+    rotary = getattr(base, "rotary_emb", None)
+    if rotary is not None:
+        return rotary
+    for module in model.modules():
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            return module
+    raise ValueError(f"no rotary embedding found in {type(model).__name__}; the diagnostics need a RoPE-family model.")
+
+
+def layer_type(model: nn.Module, layer: int) -> str | None:
+    types = getattr(model.config, "layer_types", None)
+    return None if types is None else types[layer]
+
+
+def layer_frequencies(model: nn.Module, layer: int) -> tuple[torch.Tensor, float]:
+    """``(inv_freq, attention_scaling)`` the rotary module uses for ``layer`` (float64 inverse frequencies).
+
+    The frequencies are whatever the model's scheme computes (RoPE, YaRN, CoPE, HardClip, p-RoPE…); they are read
+    from the module's buffers, so dynamic types reflect the latest forward pass.
+    """
+    rotary = _rotary_module(model)
+    kind = layer_type(model, layer)
+    inv_freq = getattr(rotary, f"{kind}_inv_freq", None) if kind is not None else None
+    scaling = getattr(rotary, f"{kind}_attention_scaling", None) if kind is not None else None
+    if inv_freq is None:
+        inv_freq = getattr(rotary, "inv_freq", None)
+        scaling = getattr(rotary, "attention_scaling", 1.0)
+    if inv_freq is None:
+        raise ValueError(f"the rotary module {type(rotary).__name__} has no `inv_freq` buffer.")
+    head_dim = geometry(model).head_dim
+    if inv_freq.numel() != head_dim // 2:
+        raise ValueError(
+            f"layer {layer} rotates {2 * inv_freq.numel()} of {head_dim} head dims (partial rotary); the diagnostics "
+            "need one frequency per 2-D chunk of the head (rotate_half layout)."
+        )
+    return inv_freq.detach().to("cpu", torch.float64), float(1.0 if scaling is None else scaling)
+
+
+def attention_module(model: nn.Module, layer: int) -> nn.Module:
+    return decoder_layers(model)[layer].self_attn
+
+
+def softmax_scale(model: nn.Module, layer: int) -> float:
+    """The factor the logits are multiplied by before the softmax (``self_attn.scaling``)."""
+    attn = attention_module(model, layer)
+    scale = getattr(attn, "scaling", None)
+    return float(scale) if scale is not None else geometry(model).head_dim ** -0.5
+
+
+class QKVCapture:
+    """Context manager that records the pre-rotation q/k/v of chosen layers and heads on every forward pass.
+
+    After a forward, ``captured[layer][kind]`` is a float32 CPU tensor ``[batch, len(heads), seq, head_dim]``
+    (the latest pass only: each pass overwrites the previous, so long texts can be streamed window by window).
+    """
+
+    def __init__(
+        self, model: nn.Module, layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,
+        kinds: Sequence[str] = KINDS,
+    ) -> None:
+        unknown = set(kinds) - set(KINDS)
+        if unknown or not kinds:
+            raise ValueError(f"kinds must be a non-empty subset of {KINDS}, got {list(kinds)}.")
+        self.model = model
+        self.layers = check_layers(model, layers)
+        self.heads = check_heads(model, heads)
+        self.kinds = tuple(kinds)
+        self.geometry = geometry(model)
+        self.captured: dict[int, dict[str, torch.Tensor]] = {}
+        self._handles: list = []
+
+    def _hook(self, layer: int, kind: str, attn: nn.Module):
+        g = self.geometry
+        index = torch.tensor(self.heads if kind == "q" else [h // g.group for h in self.heads])
+        norm = getattr(attn, f"{kind}_norm", None) if kind in ("q", "k") else None
+
+        def hook(_module: nn.Module, _inputs: tuple, output: torch.Tensor) -> None:
+            x = output.view(*output.shape[:-1], -1, g.head_dim)  # [B, S, H, D]
+            if norm is not None:
+                x = norm(x)  # RMSNorm over head_dim: independent of the layout
+            x = x.transpose(1, 2).index_select(1, index.to(x.device))
+            self.captured.setdefault(layer, {})[kind] = x.detach().float().cpu()
+
+        return hook
+
+    def __enter__(self) -> QKVCapture:
+        for layer in self.layers:
+            attn = attention_module(self.model, layer)
+            for kind in self.kinds:
+                proj = getattr(attn, f"{kind}_proj", None)
+                if proj is None:
+                    raise TypeError(f"layer {layer}'s attention has no `{kind}_proj`; fused projections are unsupported.")
+                self._handles.append(proj.register_forward_hook(self._hook(layer, kind, attn)))
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles.clear()
+
+
+def model_device(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def check_ids(input_ids: torch.Tensor, min_length: int, what: str) -> torch.Tensor:
+    """Token ids as a ``[1, S]`` long tensor; raises if the text is shorter than ``min_length`` tokens."""
+    if not isinstance(input_ids, torch.Tensor):
+        input_ids = torch.as_tensor(input_ids)
+    if input_ids.dim() == 1:
+        input_ids = input_ids[None]
+    if input_ids.dim() != 2 or input_ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one sequence of token ids ([S] or [1, S]), got shape {tuple(input_ids.shape)}.")
+    if input_ids.shape[1] < min_length:
+        raise ValueError(
+            f"{what} needs at least {min_length} tokens but the text has {input_ids.shape[1]}; "
+            "use a longer text or smaller lengths/distances."
+        )
+    return input_ids.long()
+
+
+def windows(length: int, window: int) -> Iterator[tuple[int, int]]:
+    """Non-overlapping ``[start, end)`` windows covering ``length`` tokens (the last one may be shorter)."""
+    if window < 2:
+        raise ValueError(f"window must be >= 2 tokens, got {window}.")
+    for start in range(0, length, window):
+        end = min(length, start + window)
+        if end - start >= 2:
+            yield start, end
+
+
+@torch.no_grad()
+def capture_window(
+    model: nn.Module, input_ids: torch.Tensor, layers: Sequence[int] | None, heads: Sequence[int] | None,
+    kinds: Sequence[str] = ("q", "k"), position_ids: torch.Tensor | None = None,
+) -> dict[int, dict[str, torch.Tensor]]:
+    """One forward pass over ``input_ids`` ([1, S]) returning the captured q/k/v (see :class:`QKVCapture`)."""
+    with QKVCapture(model, layers, heads, kinds) as cap:
+        kwargs = {} if position_ids is None else {"position_ids": position_ids.to(model_device(model))}
+        model(input_ids=input_ids.to(model_device(model)), use_cache=False, **kwargs)
+    return cap.captured

@@ -1,0 +1,60 @@
+"""TAPA (token-aware phase attention, paper eq. 12; linear-phase ablation eq. 16) attention op.
+
+`tapa_attention` dispatches to the fused Triton kernel when the inputs live on CUDA or when
+TRITON_INTERPRET=1 is set (CPU tests), and to the eager PyTorch reference otherwise. Both take
+
+    tapa_attention(q, k, v, *, alpha=0.1, theta=0.5, phase="quadratic", causal=True,
+                   q_positions=None, k_positions=None, key_padding_mask=None,
+                   q_segment_ids=None, k_segment_ids=None) -> out
+
+with q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D] (Hq % Hkv == 0, Lq <= Lk, queries = last Lq keys).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from .naive import tapa_attention_reference, tapa_split, validate_tapa_args
+from .triton_tapa import tapa_attention_triton
+
+__all__ = [
+    "tapa_attention",
+    "tapa_attention_reference",
+    "tapa_attention_triton",
+    "tapa_split",
+    "validate_tapa_args",
+    "uses_triton",
+]
+
+
+def uses_triton(q: torch.Tensor) -> bool:
+    """True when `tapa_attention` would run the Triton kernel for this query tensor."""
+    return q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def tapa_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    *,
+    alpha: float = 0.1,
+    theta: float = 0.5,
+    phase: str = "quadratic",
+    causal: bool = True,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    k_segment_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """TAPA attention (eq. 12, or eq. 16 with phase="linear"): Triton kernel on CUDA / interpreter,
+    eager reference otherwise (and for float64 inputs, which the kernel does not take)."""
+    kwargs = dict(
+        alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions, k_positions=k_positions,
+        key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids, k_segment_ids=k_segment_ids,
+    )
+    if isinstance(q, torch.Tensor) and uses_triton(q) and q.dtype != torch.float64:
+        return tapa_attention_triton(q, k, v, **kwargs)
+    return tapa_attention_reference(q, k, v, **kwargs)

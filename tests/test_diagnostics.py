@@ -1,0 +1,330 @@
+"""Diagnostics: each analysis against a case with a known answer (tiny random models, synthetic data)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+
+import pytest
+import torch
+from tiny import random_ids, tiny_model
+
+from hf_posenc.diagnostics import (
+    additive_correlation, closed_form_gap, disentanglement, distance_bias, empirical_gap, frequency_usage,
+    model_frequency_sets, perplexity, perturbation_tolerance, plot_disentanglement, plot_distance_bias,
+    plot_frequency_usage, plot_perturbation, plot_positional_heads, plot_semantic_decay, positional_heads,
+    ringing_index, score_attention_maps, semantic_decay, three_axis_correlation,
+)
+from hf_posenc.diagnostics.capture import capture_window, layer_frequencies, softmax_scale
+from hf_posenc.diagnostics.disentanglement import (
+    additive_fit, additive_fit_reference, three_axis_fit, three_axis_reconstruction, three_axis_reference,
+)
+from hf_posenc.diagnostics.distance_bias import bias_from_logit_fn, scaled_ranges
+from hf_posenc.diagnostics.frequency_usage import usage_from_tensors
+from hf_posenc.diagnostics.perturbation import offset_positions, transpose_tokens
+from hf_posenc.diagnostics.positional_heads import find_heads, high_frequency_share, streamed_scores
+from hf_posenc.diagnostics.rope_math import causal_attention_rows, fake_distance_logits, pair_logits, rotate
+from hf_posenc.diagnostics.semantic_decay import empirical_gap_reference
+
+
+@pytest.fixture(scope="module")
+def llama():
+    return tiny_model("llama", max_position_embeddings=256)
+
+
+def _ids(length: int) -> torch.Tensor:
+    return random_ids(1, length, seed=3)
+
+
+# -- RoPE arithmetic and capture -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["llama", "qwen3", "gemma2", "gemma3_text"])
+def test_rebuilt_attention_equals_the_models(arch):
+    """Captured q/k + the model's frequencies/scale/window/softcap reproduce eager attention exactly."""
+    model = tiny_model(arch)
+    ids = _ids(20)
+    attentions = model(ids, output_attentions=True).attentions
+    captured = capture_window(model, ids, None, None, ("q", "k"))
+    pos = torch.arange(20)
+    for layer in range(2):
+        inv_freq, a = layer_frequencies(model, layer)
+        q, k = captured[layer]["q"][0], captured[layer]["k"][0]
+        attn = model.model.layers[layer].self_attn
+        probs = causal_attention_rows(
+            rotate(q, pos, inv_freq) * a, rotate(k, pos, inv_freq) * a, pos, softmax_scale(model, layer),
+            getattr(attn, "sliding_window", None), getattr(attn, "attn_logit_softcapping", None),
+        )
+        torch.testing.assert_close(probs, attentions[layer][0], atol=2e-6, rtol=1e-5)
+
+
+def test_fake_distance_logits_match_explicit_rotation():
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(3, 16, generator=g, dtype=torch.float64), torch.randn(3, 10, 16, generator=g, dtype=torch.float64)
+    inv_freq = 10000.0 ** (-torch.arange(0, 16, 2, dtype=torch.float64) / 16)
+    d = torch.tensor([0, 1, 7, 500])
+    w = fake_distance_logits(q, k, d, inv_freq, scale=0.5)
+    for mi, dist in enumerate(d.tolist()):
+        # query at position dist + 3, key at position 3: distance dist
+        qr = rotate(q[:, None], torch.tensor([dist + 3]), inv_freq)[:, 0]
+        kr = rotate(k, torch.full((10,), 3), inv_freq)
+        torch.testing.assert_close(w[:, mi], 0.5 * (qr[:, None] * kr).sum(-1))
+    torch.testing.assert_close(pair_logits(q, k[:, 4], d[:3].repeat(1)[:3], inv_freq, 0.5), w[torch.arange(3), torch.arange(3), 4])
+
+
+def test_bad_layers_and_heads_raise(llama):
+    ids = _ids(16)
+    with pytest.raises(ValueError, match="layer 5 does not exist"):
+        frequency_usage(llama, ids, layers=[5], progress=False)
+    with pytest.raises(ValueError, match="head 4 does not exist"):
+        positional_heads(llama, ids, heads=[4], progress=False)
+    with pytest.raises(TypeError, match="integers"):
+        frequency_usage(llama, ids, layers=["0"], progress=False)
+
+
+# -- 1. frequency usage ----------------------------------------------------------------------------------------------
+def test_frequency_usage_equals_direct_computation(llama):
+    ids = _ids(40)
+    res = frequency_usage(llama, ids, layers=[1], heads=[0, 3], window=16, progress=False)  # 3 windows: 16+16+8
+    assert res.tokens == 40
+    inv_freq, _ = layer_frequencies(llama, 1)
+    order = torch.sort(inv_freq, descending=True).indices
+    sums = {kind: 0 for kind in "qkv"}
+    for start in (0, 16, 32):
+        cap = capture_window(llama, ids[:, start : start + 16], [1], [0, 3], "qkv")
+        for kind in "qkv":
+            sums[kind] = sums[kind] + usage_from_tensors(cap[1][kind]) * cap[1][kind].shape[2]
+    for kind, table in (("q", res.query_norms), ("k", res.key_norms), ("v", res.value_norms)):
+        torch.testing.assert_close(torch.tensor(table[0], dtype=torch.float64), (sums[kind] / 40)[:, order])
+    # GQA: query heads 0 and 3 read key heads 0 and 1; a direct look at k_proj confirms the alignment.
+    cap = capture_window(llama, ids[:, :16], [1], [0, 1, 2, 3], "k")
+    assert torch.equal(cap[1]["k"][0, 0], cap[1]["k"][0, 1]) and not torch.equal(cap[1]["k"][0, 1], cap[1]["k"][0, 2])
+    json.loads(res.to_json())
+
+
+# -- 2. positional heads ---------------------------------------------------------------------------------------------
+def _forced_maps(s: int) -> torch.Tensor:
+    """Head 0 diagonal, head 1 previous-token, head 2 uniform over the causal past."""
+    eye = torch.eye(s)
+    prev = torch.diag(torch.ones(s - 1), -1)
+    prev[0, 0] = 1
+    uniform = torch.tril(torch.ones(s, s))
+    return torch.stack([eye, prev, uniform / uniform.sum(-1, keepdim=True)])
+
+
+def test_synthetic_positional_heads_are_detected():
+    diag, prev = score_attention_maps(_forced_maps(12))
+    torch.testing.assert_close(diag, torch.tensor([1.0, 0.0, sum(1 / (i + 1) for i in range(1, 12)) / 11], dtype=torch.float64))
+    assert prev[1] == 1 and prev[0] == 0
+    usage = torch.tensor([[0.9, 0.1, 0.1]])
+    found = find_heads([0], [0, 1, 2], diag[None], prev[None], usage, 0.5, 0.5, 0.25)
+    assert [(h.head, h.kinds) for h in found] == [(0, ["diagonal", "high_frequency"]), (1, ["previous_token"])]
+    assert find_heads([0], [0, 1, 2], diag[None], prev[None], usage, 1.01, 1.01, 1.01) == []
+
+
+def test_constructed_rope_heads_are_found_by_streaming():
+    """Barbero et al. Thm 5.3: q = k (diagonal) and q = R_{-1}k (previous token) on the highest frequency."""
+    s, dim = 40, 8
+    inv_freq = torch.tensor([1.0, 0.0, 0.0, 0.0], dtype=torch.float64)
+    k = torch.zeros(s, dim, dtype=torch.float64)
+    k[:, 0] = 30.0  # only the highest-frequency chunk (dims 0 and 4)
+    q_prev = rotate(k, torch.full((s,), -1), inv_freq)
+    q, keys = torch.stack([k, q_prev]), torch.stack([k, k])
+    diag_sum, prev_sum = streamed_scores(q, keys, inv_freq, scale=1.0, block=16)
+    assert diag_sum[0] / (s - 1) > 0.99 and prev_sum[1] / (s - 1) > 0.99
+    # streamed sums equal the scores of the full maps
+    pos = torch.arange(s)
+    full = causal_attention_rows(rotate(q, pos, inv_freq), rotate(keys, pos, inv_freq), pos, 1.0)
+    d_ref, p_ref = score_attention_maps(full)
+    torch.testing.assert_close(diag_sum / (s - 1), d_ref, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(prev_sum / (s - 1), p_ref, atol=1e-6, rtol=1e-6)
+    share = high_frequency_share(torch.tensor([[3.0, 0, 0, 0]]), torch.tensor([[2.0, 0, 0, 0]]), inv_freq, 0.25)
+    assert share.item() == 1.0
+
+
+def test_positional_heads_on_tiny_model(llama, tmp_path):
+    res = positional_heads(llama, _ids(30), window=16, diagonal_threshold=0.0, progress=False)
+    assert len(res.found) == 2 * 4  # a threshold of 0 lists every head
+    assert all(0 <= x <= 1 for row in res.diagonal for x in row)
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\]"):
+        positional_heads(llama, _ids(30), diagonal_threshold=1.5, progress=False)
+    assert plot_positional_heads({"a": res, "b": res}, tmp_path / "ph.png").endswith(".png")
+
+
+# -- 3. disentanglement ----------------------------------------------------------------------------------------------
+def test_additive_matrix_has_correlation_one_and_noise_low():
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.randn(50, 1, generator=g), torch.randn(1, 60, generator=g)
+    assert additive_correlation(a + b) == pytest.approx(1.0, abs=1e-12)
+    assert abs(additive_correlation(torch.randn(50, 60, generator=g))) < 0.25
+    w = a + b + 0.3 * torch.randn(50, 60, generator=g)
+    fit_a, fit_b = additive_fit(w)
+    torch.testing.assert_close(fit_a[:, None] + fit_b[None], additive_fit_reference(w))
+    # eq. 12: the paper's split puts half the grand mean in each component
+    torch.testing.assert_close(fit_a.mean() - w.double().mean() / 2, fit_b.mean() - w.double().mean() / 2)
+
+
+def test_three_axis_fit_matches_dense_least_squares():
+    n = 12
+    g = torch.Generator().manual_seed(1)
+    idx = torch.arange(n)
+    a, b, c = (torch.randn(n, generator=g, dtype=torch.float64) for _ in range(3))
+    exact = a[(idx[:, None] - idx[None]).clamp_min(0)] + b[:, None] + c[None]
+    assert three_axis_correlation(exact) == pytest.approx(1.0, abs=1e-9)
+    noisy = exact + torch.randn(n, n, generator=g, dtype=torch.float64)
+    ii, jj = torch.tril_indices(n, n)
+    torch.testing.assert_close(three_axis_reconstruction(*three_axis_fit(noisy))[ii, jj], three_axis_reference(noisy)[ii, jj],
+                               atol=1e-5, rtol=1e-5)
+    assert abs(three_axis_correlation(torch.randn(60, 60, generator=g))) < 0.35
+
+
+def test_disentanglement_on_tiny_model(llama, tmp_path):
+    res = disentanglement(llama, _ids(40), length=32, distances=20, layers=[0])
+    assert len(res.fake_distance_correlation) == 1 and len(res.fake_distance_correlation[0]) == 4
+    assert all(-1 <= x <= 1 for x in res.fake_distance_correlation[0] + res.three_axis_correlation[0])
+    # direct recomputation for one head
+    cap = capture_window(llama, _ids(40)[:, :32], [0], [2], "qk")
+    inv_freq, a = layer_frequencies(llama, 0)
+    w = fake_distance_logits(cap[0]["q"][0, 0, -1], cap[0]["k"][0, 0], torch.arange(20), inv_freq)
+    assert res.fake_distance_correlation[0][2] == pytest.approx(additive_correlation(w), abs=1e-9)
+    with pytest.raises(ValueError, match="at least 64 tokens"):
+        disentanglement(llama, _ids(40), length=64)
+    plot_disentanglement({"x": res}, tmp_path / "d.png")
+
+
+# -- 4. distance bias ------------------------------------------------------------------------------------------------
+def test_distance_bias_known_mean():
+    """A logit falling by 0.01 per token of distance: Δ = 0.01·(Λ − λ), mean 0.01·(10050 − 50) = 100."""
+    deltas = bias_from_logit_fn(lambda i, j: -0.01 * (i - j).double(), 20000, (0, 100), (10000, 10100), 20000)
+    assert deltas.mean().item() == pytest.approx(100.0, abs=0.1)
+    assert deltas.min() >= 0.01 * (10000 - 100) - 1e-9
+
+
+def test_distance_bias_nope_constant_keys_is_zero(llama):
+    q = torch.ones(1, 64, 8, dtype=torch.float64)
+    d = pair_logits(q[:, :5], q[:, :5], torch.tensor([0, 3, 9, 30, 60]), torch.zeros(4))
+    assert torch.all(d == 8.0)  # no rotation: every distance scores the same, Δ = 0
+
+
+def test_distance_bias_on_tiny_model(llama, tmp_path):
+    ids = _ids(200)
+    res = distance_bias(llama, ids, samples=300, layers=[1])
+    assert res.short == scaled_ranges(200)[0] and res.long[1] == 199
+    assert len(res.mean) == 1 and len(res.mean[0]) == 4 and sum(res.histogram_counts) == 300 * 4
+    with pytest.raises(ValueError, match="only 200 tokens"):
+        distance_bias(llama, ids, short=(0, 100), long=(10000, 10100))
+    with pytest.raises(ValueError, match="both short and long"):
+        distance_bias(llama, ids, short=(0, 10))
+    plot_distance_bias({"a": res, "b": res}, tmp_path / "b.png")
+
+
+# -- 5. semantic decay -----------------------------------------------------------------------------------------------
+def test_semantic_decay_closed_form_and_empirical():
+    inv_freq = 10000.0 ** (-torch.arange(0, 32, 2, dtype=torch.float64) / 32)
+    d = torch.tensor([0, 1, 5, 100, 3000])
+    closed = closed_form_gap(inv_freq, d, sigma=0.7)
+    assert closed[0] == pytest.approx(2 * 0.49 * 16)
+    torch.testing.assert_close(closed, 2 * 0.49 * torch.stack([torch.cos(t * inv_freq).sum() for t in d.double()]))
+    fast = empirical_gap(inv_freq, d, sigma=0.7, samples=500, seed=4)
+    torch.testing.assert_close(fast, empirical_gap_reference(inv_freq, d, sigma=0.7, samples=500, seed=4))
+    few = (empirical_gap(inv_freq, d, 0.7, 200, seed=1) - closed).abs().max()
+    many = (empirical_gap(inv_freq, d, 0.7, 40000, seed=1) - closed).abs().max()
+    assert many < few and many < 0.15 * closed[0]
+
+
+def test_ringing_of_a_hard_spectral_cut():
+    """CoPE Fig. 4: a hard cut of the lowest half of a dense RoPE spectrum rings more than the cosine taper."""
+    from hf_posenc.schemes.cope import taper_weights
+
+    n = 512
+    theta = 10000.0 ** (-torch.arange(n, dtype=torch.float64) / n)
+    period = 2 * math.pi / theta[n // 2]  # slowest clipped frequency
+    d = torch.arange(0, int(8 * period))
+    smooth = int(period / 8)
+    hard = ringing_index(closed_form_gap(theta * taper_weights(n, n // 2, hard=True), d) / (2 * n), smooth)
+    soft = ringing_index(closed_form_gap(theta * taper_weights(n, n // 2), d) / (2 * n), smooth)
+    assert hard > 1.2 * soft > 0
+    assert ringing_index(torch.exp(-torch.arange(50.0))) == 0.0
+    res = semantic_decay({"hard": theta[:8] * 0, "rope": theta[:8]}, max_distance=200, points=50, samples=64)
+    assert set(res.ringing) == {"hard", "rope"} and res.curves["hard"] == [1.0] * len(res.distances)
+
+
+def test_semantic_decay_reads_model_frequencies(tmp_path):
+    model = tiny_model("gemma3_text")
+    sets = model_frequency_sets(model)
+    assert len(sets) == 2  # sliding and full attention layers rotate differently
+    res = semantic_decay(sets, max_distance=256, points=64, samples=256)
+    assert all(err < 0.5 for err in res.max_abs_error.values())
+    json.loads(res.to_json())
+    plot_semantic_decay({"gemma3": res}, tmp_path / "s.png")
+    with pytest.raises(ValueError, match="finite"):
+        semantic_decay({"bad": torch.tensor([float("nan")])})
+
+
+# -- 6. perturbation -------------------------------------------------------------------------------------------------
+def test_perturbation_fraction_zero_is_plain_perplexity(llama, tmp_path):
+    ids = _ids(48)
+    with torch.no_grad():
+        loss = llama(ids, labels=ids).loss
+    assert perplexity(llama, ids, window=64) == pytest.approx(math.exp(loss.item()), rel=1e-5)
+    res = perturbation_tolerance(llama, ids, fractions=[0.0, 0.25], max_distances=[3], trials=2, window=64, progress=False)
+    zero = [p for p in res.points if p.fraction == 0.0]
+    assert all(p.perplexity == pytest.approx(res.baseline_perplexity, rel=1e-9) for p in zero)
+    moved = [p for p in res.points if p.fraction == 0.25]
+    assert all(p.perplexity != pytest.approx(res.baseline_perplexity, rel=1e-6) for p in moved)
+    plot_perturbation({"a": res}, tmp_path / "p.png")
+    with pytest.raises(ValueError, match="does not fit"):
+        perturbation_tolerance(llama, ids, max_distances=[100], window=64, progress=False)
+    with pytest.raises(ValueError, match="\\[0, 1\\]"):
+        perplexity(llama, ids, mode="transpose", fraction=2.0)
+
+
+def test_perturbation_helpers():
+    g = torch.Generator().manual_seed(0)
+    ids = torch.arange(100)
+    out = transpose_tokens(ids, 0.1, 4, g)
+    assert sorted(out.tolist()) == ids.tolist() and not torch.equal(out, ids)
+    assert ((out - ids).abs().max() <= 4 * 10)
+    pos = offset_positions(100, 0.2, 5, g)
+    moved = (pos != torch.arange(100)).sum().item()
+    assert 0 < moved <= 20 and (pos - torch.arange(100)).abs().max() <= 5 and pos.min() >= 0
+
+
+# -- plots / JSON / CLI ----------------------------------------------------------------------------------------------
+def test_frequency_usage_plot_and_json(llama, tmp_path):
+    res = frequency_usage(llama, _ids(20), progress=False, name="tiny")
+    data = json.loads(res.to_json())
+    assert data["analysis"] == "frequency_usage" and len(data["query_norms"]) == 2
+    plot_frequency_usage(res, tmp_path / "f.png")
+    plot_frequency_usage({"a": res, "b": res}, tmp_path / "f2.png", per_head_layer=1)
+    with pytest.raises(ValueError, match="was not analysed"):
+        plot_frequency_usage(res, tmp_path / "f3.png", per_head_layer=7)
+
+
+def test_cli_writes_json_and_png_for_two_models(llama, tmp_path):
+    from hf_posenc.diagnostics.cli import add_diagnose_arguments, run_diagnose
+    from transformers import PreTrainedTokenizerFast
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"w{i}": i for i in range(128)}
+    vocab["[UNK]"] = 0
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    for name in ("m1", "m2"):
+        llama.save_pretrained(tmp_path / name)
+        PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / name)
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"w{(7 * i) % 120 + 3}" for i in range(80)))
+    parser = add_diagnose_arguments(argparse.ArgumentParser())
+    args = parser.parse_args([
+        f"a={tmp_path / 'm1'}", f"b={tmp_path / 'm2'}", "--text", str(text), "--out", str(tmp_path / "out"),
+        "--analyses", "frequency_usage,distance_bias,semantic_decay", "--samples", "64", "--no-progress",
+    ])
+    assert run_diagnose(args) == 0
+    for analysis in ("frequency_usage", "distance_bias", "semantic_decay"):
+        data = json.loads((tmp_path / "out" / f"{analysis}.json").read_text())
+        assert set(data) == {"a", "b"} and (tmp_path / "out" / f"{analysis}.png").stat().st_size > 1000
+    bad = parser.parse_args([str(tmp_path / "m1"), "--text", str(text), "--out", str(tmp_path / "o"), "--layers", "9"])
+    with pytest.raises(SystemExit, match="layer 9 does not exist"):
+        run_diagnose(bad)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["m", "--text", "t", "--out", "o", "--analyses", "nonsense"])

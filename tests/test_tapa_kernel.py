@@ -1,0 +1,323 @@
+"""TAPA attention: reference vs an independent float64 evaluation of eq. (12)/(16), reference gradients
+vs finite differences, and the Triton kernel (run under TRITON_INTERPRET=1 on CPU) vs the reference on
+fresh random inputs: GQA, ragged lengths, causal/non-causal, key padding, segment ids, decode, both
+phase modes, non-default α/θ."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from hf_posenc.kernels.tapa import (
+    tapa_attention,
+    tapa_attention_reference,
+    tapa_attention_triton,
+    tapa_split,
+    uses_triton,
+)
+from hf_posenc.kernels.tapa.triton_tapa import use_decode_path
+
+# --------------------------------------------------------------------------------------------------
+# helpers
+# --------------------------------------------------------------------------------------------------
+
+
+def _qkv(B, Hq, Hkv, Lq, Lk, D, dtype=torch.float32, seed=0, grad=False):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Hq, Lq, D, generator=g).to(dtype)
+    k = torch.randn(B, Hkv, Lk, D, generator=g).to(dtype)
+    v = torch.randn(B, Hkv, Lk, D, generator=g).to(dtype)
+    if grad:
+        for t in (q, k, v):
+            t.requires_grad_(True)
+    return q, k, v
+
+
+def _direct_eq12(q, k, v, *, alpha, theta, phase, causal, q_pos, k_pos, kpm=None, q_seg=None, k_seg=None):
+    """Element-by-element float64 evaluation of eq. (12) (or eq. 16), written without the reference."""
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    da = int(round(theta * D))
+    out = torch.zeros(B, Hq, Lq, D, dtype=torch.float64)
+    for b in range(B):
+        for h in range(Hq):
+            kh = h // (Hq // Hkv)
+            for i in range(Lq):
+                scores, keep = [], []
+                for j in range(Lk):
+                    qi, kj = q[b, h, i].double(), k[b, kh, j].double()
+                    amp = float(qi[:da] @ kj[:da]) / math.sqrt(da)
+                    if phase == "linear":
+                        ph = float(qi[da:].sum() + kj[da:].sum())
+                    else:
+                        ph = float(qi[da:] @ kj[da:])
+                    dist = abs(int(q_pos[b, i]) - int(k_pos[b, j]))
+                    scores.append(amp * math.cos(2 * math.pi * dist**alpha * ph / math.sqrt(D - da)))
+                    ok = (not causal) or j <= i + (Lk - Lq)
+                    ok = ok and (kpm is None or bool(kpm[b, j]))
+                    ok = ok and (q_seg is None or int(q_seg[b, i]) == int(k_seg[b, j]))
+                    keep.append(ok)
+                if not any(keep):
+                    continue
+                mx = max(s for s, ok in zip(scores, keep) if ok)
+                w = torch.tensor([math.exp(s - mx) if ok else 0.0 for s, ok in zip(scores, keep)], dtype=torch.float64)
+                out[b, h, i] = (w / w.sum()) @ v[b, kh].double()
+    return out
+
+
+def _check(case_kw, B, Hq, Hkv, Lq, Lk, D, *, seed, backward=True, dtype=torch.float32, atol=3e-4, gatol=3e-3):
+    q, k, v = _qkv(B, Hq, Hkv, Lq, Lk, D, dtype=dtype, seed=seed, grad=backward)
+    out = tapa_attention_triton(q, k, v, **case_kw)
+    ref = tapa_attention_reference(q, k, v, **case_kw)
+    assert out.dtype == q.dtype and out.shape == q.shape
+    assert torch.isfinite(out).all()
+    torch.testing.assert_close(out.float(), ref.float(), atol=atol, rtol=atol)
+    if not backward:
+        return
+    do = torch.randn(out.shape, generator=torch.Generator().manual_seed(seed + 1)).to(dtype)
+    g_k = torch.autograd.grad(out, (q, k, v), do)
+    g_r = torch.autograd.grad(ref, (q, k, v), do)
+    for name, a, b in zip("qkv", g_k, g_r):
+        scale = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a / scale, b / scale, atol=gatol, rtol=0, msg=lambda m: f"d{name}: {m}")
+
+
+def _left_padded(lengths, Lmax, offset=0):
+    mask = torch.zeros(len(lengths), Lmax, dtype=torch.bool)
+    for b, n in enumerate(lengths):
+        mask[b, Lmax - n :] = True
+    pos = (mask.long().cumsum(-1) - 1).clamp_min(0) + offset
+    return mask, pos
+
+
+# --------------------------------------------------------------------------------------------------
+# reference = the specification
+# --------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [
+        dict(alpha=0.1, theta=0.5, phase="quadratic", causal=True),
+        dict(alpha=0.7, theta=0.25, phase="linear", causal=False),
+    ],
+)
+def test_reference_matches_direct_float64(kw):
+    q, k, v = _qkv(2, 4, 2, 5, 7, 8, dtype=torch.float64, seed=3)
+    q = q * 1.5  # larger phases: several turns, so range reduction is exercised
+    k_pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [100, 103, 104, 107, 111, 112, 130]])
+    q_pos = k_pos[:, 2:]
+    kpm = torch.tensor([[True] * 7, [False, True, True, True, True, False, True]])
+    q_seg = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
+    k_seg = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0] * 7])
+    extra = dict(q_positions=q_pos, k_positions=k_pos, key_padding_mask=kpm, q_segment_ids=q_seg, k_segment_ids=k_seg)
+    want = _direct_eq12(q, k, v, q_pos=q_pos, k_pos=k_pos, kpm=kpm, q_seg=q_seg, k_seg=k_seg, **kw)
+    got64 = tapa_attention_reference(q, k, v, **kw, **extra)
+    torch.testing.assert_close(got64, want, atol=1e-10, rtol=1e-10)
+    got32 = tapa_attention_reference(q.float(), k.float(), v.float(), **kw, **extra)
+    torch.testing.assert_close(got32.double(), want, atol=2e-5, rtol=2e-5)
+
+
+def test_reference_row_without_keys_is_zero():
+    q, k, v = _qkv(1, 2, 2, 4, 4, 8, seed=1)
+    kpm = torch.tensor([[False, False, True, True]])
+    out = tapa_attention_reference(q, k, v, key_padding_mask=kpm)
+    assert torch.isfinite(out).all()
+    assert out[:, :, :2].abs().max() == 0
+    assert out[:, :, 2:].abs().min() > 0
+
+
+@pytest.mark.parametrize("phase", ["quadratic", "linear"])
+def test_reference_gradcheck(phase):
+    q, k, v = _qkv(1, 2, 1, 4, 6, 8, dtype=torch.float64, seed=5, grad=True)
+    kpm = torch.tensor([[False, True, True, True, True, True]])
+    k_pos = torch.tensor([[0, 0, 1, 2, 3, 4]])
+
+    def fn(q, k, v):
+        return tapa_attention_reference(q, k, v, alpha=0.3, phase=phase, key_padding_mask=kpm, k_positions=k_pos)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-6, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------------------------------
+# kernel vs reference
+# --------------------------------------------------------------------------------------------------
+
+KERNEL_CASES = {
+    "gqa2-causal-37": (dict(), (2, 4, 2, 37, 37, 32)),
+    "gqa3-causal-70": (dict(), (1, 3, 1, 70, 70, 32)),
+    "noncausal-ragged": (dict(causal=False), (1, 4, 2, 37, 70, 32)),
+    "chunked-prefill": (dict(), (1, 2, 1, 20, 66, 32)),  # Lk - Lq = 46: diagonal one short of a block edge
+    "linear-gqa": (dict(phase="linear"), (1, 4, 2, 37, 37, 32)),
+    "alpha-theta": (dict(alpha=0.5, theta=0.25), (1, 2, 1, 37, 37, 32)),
+    "linear-noncausal-theta": (dict(phase="linear", theta=0.75, causal=False), (1, 2, 2, 21, 37, 64)),
+    "decode-1": (dict(), (2, 4, 2, 1, 50, 32)),
+    "decode-3-gqa3": (dict(), (1, 3, 1, 3, 50, 32)),
+    "decode-3-linear-noncausal": (dict(phase="linear", causal=False), (1, 4, 2, 3, 50, 32)),
+}
+
+
+@pytest.mark.parametrize("name", list(KERNEL_CASES))
+def test_kernel_matches_reference(name):
+    kw, shape = KERNEL_CASES[name]
+    _check(kw, *shape, seed=100 + list(KERNEL_CASES).index(name))
+
+
+def test_decode_shapes_take_decode_path():
+    assert use_decode_path(1, 2) and use_decode_path(3, 3) and use_decode_path(16, 8)
+    assert not use_decode_path(17, 1) and not use_decode_path(37, 2)
+
+
+@pytest.mark.parametrize("lq", [37, 3])
+def test_kernel_key_padding_and_segments(lq):
+    B, Lk = 2, 45
+    kpm, k_pos = _left_padded([30, 45], Lk)
+    k_seg = torch.zeros(B, Lk, dtype=torch.long)
+    k_seg[0, 33:] = 1
+    k_seg[1, 20:] = 1
+    k_seg[1, 38:] = 2
+    kw = dict(
+        key_padding_mask=kpm, k_positions=k_pos, q_positions=k_pos[:, Lk - lq :],
+        k_segment_ids=k_seg, q_segment_ids=k_seg[:, Lk - lq :],
+    )
+    _check(kw, B, 4, 2, lq, Lk, 32, seed=11 + lq)
+
+
+def test_kernel_fp16_forward():
+    _check(dict(), 1, 4, 2, 37, 37, 32, seed=21, backward=False, dtype=torch.float16, atol=3e-3)
+    _check(dict(phase="linear"), 1, 2, 1, 3, 40, 32, seed=22, backward=False, dtype=torch.float16, atol=3e-3)
+
+
+def test_left_padded_batch_equals_unpadded_runs():
+    lengths, Lmax = [19, 33], 33
+    q, k, v = _qkv(2, 2, 1, Lmax, Lmax, 32, seed=31)
+    kpm, pos = _left_padded(lengths, Lmax)
+    out = tapa_attention_triton(q, k, v, key_padding_mask=kpm, k_positions=pos, q_positions=pos)
+    assert torch.isfinite(out).all()
+    for b, n in enumerate(lengths):
+        sl = slice(Lmax - n, Lmax)
+        alone = tapa_attention_triton(q[b : b + 1, :, sl], k[b : b + 1, :, sl], v[b : b + 1, :, sl])
+        torch.testing.assert_close(out[b : b + 1, :, sl], alone, atol=1e-5, rtol=1e-5)
+        assert torch.all(out[b, :, : Lmax - n] == 0)  # pad queries see only pads -> zeros
+
+
+def test_packed_segments_equal_separate_runs():
+    q, k, v = _qkv(1, 4, 2, 40, 40, 32, seed=41)
+    seg = torch.tensor([[0] * 15 + [1] * 25])
+    pos = torch.cat([torch.arange(15), torch.arange(25)])[None]
+    out = tapa_attention_triton(q, k, v, q_positions=pos, k_positions=pos, q_segment_ids=seg, k_segment_ids=seg)
+    for sl in (slice(0, 15), slice(15, 40)):
+        alone = tapa_attention_triton(q[:, :, sl], k[:, :, sl], v[:, :, sl])
+        torch.testing.assert_close(out[:, :, sl], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("lq", [1, 3])
+def test_decode_rows_equal_full_pass(lq):
+    q, k, v = _qkv(2, 4, 2, 40, 40, 32, seed=51)
+    kpm, pos = _left_padded([29, 40], 40, offset=70_000)  # large absolute positions: only distances matter
+    kw = dict(key_padding_mask=kpm, k_positions=pos)
+    full = tapa_attention_triton(q, k, v, q_positions=pos, **kw)
+    step = tapa_attention_triton(q[:, :, -lq:], k, v, q_positions=pos[:, -lq:], **kw)
+    torch.testing.assert_close(step, full[:, :, -lq:], atol=1e-5, rtol=1e-5)
+
+
+def test_kernel_empty_rows_zero_and_finite_grads():
+    q, k, v = _qkv(1, 2, 1, 20, 20, 32, seed=61, grad=True)
+    kpm = torch.ones(1, 20, dtype=torch.bool)
+    kpm[0, :6] = False
+    out = tapa_attention_triton(q, k, v, key_padding_mask=kpm)
+    assert out[:, :, :6].abs().max() == 0
+    grads = torch.autograd.grad(out.sum(), (q, k, v))
+    assert all(torch.isfinite(g).all() for g in grads)
+    assert grads[0][:, :, :6].abs().max() == 0
+
+
+def test_dispatch():
+    q, k, v = _qkv(1, 2, 1, 5, 5, 16, seed=71)
+    assert uses_triton(q)  # conftest sets TRITON_INTERPRET=1 on CPU-only machines
+    torch.testing.assert_close(tapa_attention(q, k, v), tapa_attention_triton(q, k, v))
+    out64 = tapa_attention(q.double(), k.double(), v.double())  # kernel takes no float64: reference
+    assert out64.dtype == torch.float64
+
+
+# --------------------------------------------------------------------------------------------------
+# argument validation
+# --------------------------------------------------------------------------------------------------
+
+
+def test_tapa_split():
+    assert tapa_split(64, 0.5) == (32, 32)
+    assert tapa_split(128, 0.25) == (32, 96)
+    with pytest.raises(ValueError, match="whole number"):
+        tapa_split(64, 0.3)
+    with pytest.raises(ValueError, match="whole number"):
+        tapa_split(4, 0.1)  # 0.4 dims
+    with pytest.raises(ValueError, match="strictly between"):
+        tapa_split(64, 1.0)
+    with pytest.raises(ValueError, match="positive int"):
+        tapa_split(0, 0.5)
+
+
+def test_tapa_split_empty_part():
+    with pytest.raises(ValueError, match="empty"):
+        tapa_split(64, 1e-9)  # rounds to 0 amplitude dims
+
+
+@pytest.mark.parametrize("fn", [tapa_attention_reference, tapa_attention_triton])
+def test_bad_arguments(fn):
+    q, k, v = _qkv(2, 4, 2, 6, 8, 16, seed=81)
+    with pytest.raises(ValueError, match="multiple"):
+        fn(q, k[:, :1].expand(2, 3, 8, 16), v[:, :1].expand(2, 3, 8, 16))
+    with pytest.raises(ValueError, match="Lq"):
+        fn(q, k[:, :, :4], v[:, :, :4])
+    with pytest.raises(ValueError, match="phase"):
+        fn(q, k, v, phase="cubic")
+    with pytest.raises(ValueError, match="alpha"):
+        fn(q, k, v, alpha=0.0)
+    with pytest.raises(ValueError, match="whole number"):
+        fn(q, k, v, theta=0.3)
+    with pytest.raises(TypeError, match="dtype"):
+        fn(q, k.half(), v)
+    with pytest.raises(ValueError, match="k_positions"):
+        fn(q, k, v, q_positions=torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(TypeError, match="integers"):
+        fn(q, k, v, k_positions=torch.zeros(2, 8))
+    with pytest.raises(ValueError, match="shape"):
+        fn(q, k, v, k_positions=torch.zeros(2, 7, dtype=torch.long))
+    with pytest.raises(TypeError, match="bool"):
+        fn(q, k, v, key_padding_mask=torch.ones(2, 8, dtype=torch.long))
+    with pytest.raises(ValueError, match="both"):
+        fn(q, k, v, q_segment_ids=torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match="4-D"):
+        fn(q[0], k, v)
+
+
+def test_benchmark_smoke(tmp_path):
+    """The GPU benchmark runs a tiny case through the same code paths on CPU and writes its JSON."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "tapa_attention.py"
+    spec = importlib.util.spec_from_file_location("tapa_attention_bench", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = mod.main(["--smoke", "--out", str(tmp_path / "tapa.json")])
+    data = json.loads(out.read_text())
+    modes = [r["mode"] for r in data["records"]]
+    assert modes == ["fwd", "fwd_bwd", "decode"]
+    for rec in data["records"]:
+        assert rec["ratios"]["kernel_over_sdpa"] > 0
+        assert all(r["median_ms"] > 0 for r in rec["results"].values())
+
+
+def test_kernel_strided_inputs():
+    """HF attention passes q/k/v as transposed views of [B, L, H, D]; the kernel reads strides."""
+    g = torch.Generator().manual_seed(91)
+    q = torch.randn(2, 37, 4, 32, generator=g).transpose(1, 2)
+    k = torch.randn(2, 37, 2, 32, generator=g).transpose(1, 2)
+    v = torch.randn(2, 37, 2, 32, generator=g).transpose(1, 2)
+    assert not q.is_contiguous()
+    torch.testing.assert_close(tapa_attention_triton(q, k, v), tapa_attention_reference(q, k, v), atol=3e-4, rtol=3e-4)

@@ -1,0 +1,217 @@
+"""TAPE on pretrained models: exact at init, trainable under gradient checkpointing, exact KV cache, the paper's
+symmetries (eq. 4-5, Proposition 1)."""
+
+import copy
+
+import pytest
+import torch
+
+import hf_posenc
+from hf_posenc.schemes.tape import TapeBlock
+from tiny import ARCHS, arch_backend_pairs, random_ids, tiny_model
+
+
+def logits(model, ids, **kw):
+    with torch.no_grad():
+        return model(ids, **kw).logits
+
+
+def tape_blocks(model):
+    return [m for m in model.modules() if isinstance(m, TapeBlock)]
+
+
+def perturb(model, seed=0, std=0.3):
+    g = torch.Generator().manual_seed(seed)
+    for block in tape_blocks(model):
+        for p in block.parameters():
+            p.data = torch.randn(p.shape, generator=g) * std
+    return model
+
+
+def padded_batch():
+    ids = random_ids(2, 18)
+    mask = torch.ones_like(ids)
+    mask[0, :4] = 0
+    return ids, mask
+
+
+@pytest.mark.parametrize("arch, backend", arch_backend_pairs())
+def test_at_init_tape_is_bitwise_the_unpatched_model(arch, backend):
+    ids, mask = padded_batch()
+    reference = logits(tiny_model(arch, backend), ids, attention_mask=mask)
+    model = hf_posenc.patch_model(tiny_model(arch, backend), "tape")
+    # every layer whose state a later layer reads: all but the last; Gemma3 keeps one state per layer type
+    assert len(tape_blocks(model)) == (0 if arch == "gemma3_text" else model.config.num_hidden_layers - 1)
+    assert torch.equal(logits(model, ids, attention_mask=mask), reference)
+
+
+@pytest.mark.parametrize("frequencies", [{"scheme": "cope", "clip_low_n": 3}, {"scheme": "prope", "p": 0.5}])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_at_init_tape_equals_its_frequency_scheme(arch, frequencies):
+    ids = random_ids()
+    options = {k: v for k, v in frequencies.items() if k != "scheme"}
+    reference = logits(hf_posenc.patch_model(tiny_model(arch), frequencies["scheme"], **options), ids)
+    model = hf_posenc.patch_model(tiny_model(arch), "tape", frequencies=frequencies)
+    assert torch.equal(logits(model, ids), reference)
+
+
+def test_head_mixing_really_mixes_heads():
+    model = hf_posenc.patch_model(tiny_model("llama"), "tape")
+    block = tape_blocks(model)[0]
+    block.attn_mix.weight.data = torch.randn_like(block.attn_mix.weight)
+    e = torch.zeros(1, 3, 2, 16)
+    e_tilde = torch.zeros(1, 3, 4, 16)
+    e_tilde[:, :, 3] = 1.0  # only the last query head carries a state
+    out = block.attention_update(e, e_tilde)
+    assert torch.all(out[:, :, 0] != 0) and torch.all(out[:, :, 1] != 0)  # both KV heads receive it
+
+
+@pytest.mark.parametrize("reentrant", [True, False])
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_every_tape_parameter_gets_a_gradient_under_checkpointing(arch, reentrant):
+    ids = random_ids()
+    four = dict(num_hidden_layers=4)
+    if arch == "gemma3_text":
+        four["layer_types"] = ["sliding_attention", "full_attention"] * 2
+    model = perturb(hf_posenc.patch_model(tiny_model(arch, **four), "tape"))
+    assert len(tape_blocks(model)) >= 2
+    model.train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": reentrant})
+    if reentrant:
+        model.enable_input_require_grads()
+    model(input_ids=ids, labels=ids).loss.backward()
+    for name, p in model.named_parameters():
+        if ".tape." in name:
+            assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_zero_initialised_maps_get_gradients_at_init():
+    ids = random_ids()
+    model = hf_posenc.patch_model(tiny_model("llama", num_hidden_layers=3), "tape").train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": True})
+    model.enable_input_require_grads()
+    model(input_ids=ids, labels=ids).loss.backward()
+    for block in tape_blocks(model):
+        assert block.attn_mix.weight.grad.abs().sum() > 0 and block.w2.weight.grad.abs().sum() > 0
+
+
+def test_training_only_tape_parameters_reduces_the_loss():
+    torch.manual_seed(0)
+    ids = random_ids(4, 32, seed=3)
+    model = hf_posenc.patch_model(tiny_model("qwen3"), "tape").train()
+    for name, p in model.named_parameters():
+        p.requires_grad = ".tape." in name
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-2)
+    losses = []
+    for _ in range(12):
+        loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    # the positional states alone move a random tiny model slowly, but every step must help
+    assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 2e-3, losses
+
+
+def greedy_without_cache(model, ids, steps):
+    for _ in range(steps):
+        nxt = logits(model, ids)[:, -1].argmax(-1, keepdim=True)
+        ids = torch.cat([ids, nxt], dim=-1)
+    return ids
+
+
+@pytest.mark.parametrize("arch, backend", arch_backend_pairs(("eager", "sdpa")))
+def test_cached_generation_equals_full_forward_after_perturbation(arch, backend):
+    # float64: cached and full passes differ only by float rounding, which must not flip a near-tie argmax
+    model = perturb(hf_posenc.patch_model(tiny_model(arch, backend), "tape")).double()
+    ids = random_ids(1, 10)
+    cached = model.generate(ids, max_new_tokens=10, do_sample=False, use_cache=True, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(cached, greedy_without_cache(model, ids, 10))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_left_padded_batch_equals_one_by_one(arch):
+    model = perturb(hf_posenc.patch_model(tiny_model(arch, "sdpa" if arch != "gemma2" else "eager"), "tape"))
+    a, b = random_ids(1, 9, seed=5), random_ids(1, 14, seed=6)
+    batch = torch.cat([torch.cat([torch.zeros(1, 5, dtype=torch.long), a], 1), b])
+    mask = torch.ones_like(batch)
+    mask[0, :5] = 0
+    out = model.generate(batch, attention_mask=mask, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    one_a = model.generate(a, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    one_b = model.generate(b, max_new_tokens=6, do_sample=False, pad_token_id=0, eos_token_id=None)
+    assert torch.equal(out[0, 5:], one_a[0]) and torch.equal(out[1], one_b[0])
+
+
+def test_proposition_1_shifting_positions_leaves_logits_unchanged():
+    model = perturb(hf_posenc.patch_model(tiny_model("llama"), "tape"))
+    ids = random_ids(1, 16)
+    base = logits(model, ids, position_ids=torch.arange(16)[None])
+    shifted = logits(model, ids, position_ids=torch.arange(16)[None] + 37)
+    torch.testing.assert_close(shifted, base, rtol=1e-4, atol=1e-4)
+
+
+def _layer_io(model, x, e):
+    """Run the first TAPE layer bidirectionally on hidden features x [1,S,C] and a state e [1,S,Hkv,D]."""
+    layer = model.model.layers[0]
+    layer.self_attn.is_causal = False
+    packed = torch.cat([x, e[:, :, None].flatten(2)], dim=-1)
+    with torch.no_grad():
+        out = layer(packed, attention_mask=None, position_ids=torch.arange(x.shape[1])[None])
+    c = model.config.hidden_size
+    return out[..., :c], out[..., c:].unflatten(-1, (1, 2, 16))[:, :, 0]
+
+
+def test_block_is_permutation_equivariant_and_rotation_equivariant():
+    """Eq. 4-5: permuting tokens permutes both outputs; rotating every state by the same unit complex number per
+    frequency rotates the state output and leaves the features unchanged."""
+    model = perturb(hf_posenc.patch_model(tiny_model("llama", "sdpa"), "tape"))
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 10, 64, generator=g)
+    e = torch.randn(1, 10, 2, 16, generator=g)
+    x_out, e_out = _layer_io(model, x, e)
+
+    perm = torch.randperm(10, generator=g)
+    xp, ep = _layer_io(model, x[:, perm], e[:, perm])
+    torch.testing.assert_close(xp, x_out[:, perm], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ep, e_out[:, perm], rtol=1e-5, atol=1e-5)
+
+    phi = torch.rand(8, generator=g) * 6.28
+    def rot(s):
+        re, im = s[..., :8], s[..., 8:]
+        return torch.cat([re * phi.cos() - im * phi.sin(), re * phi.sin() + im * phi.cos()], dim=-1)
+    xr, er = _layer_io(model, x, rot(e))
+    torch.testing.assert_close(xr, x_out, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(er, rot(e_out), rtol=1e-5, atol=1e-5)
+
+
+def test_round_trip_keeps_tape_weights(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = perturb(hf_posenc.patch_model(tiny_model("gemma3_text", num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2), "tape", hidden=12))
+    ids = random_ids()
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
+    assert torch.equal(logits(loaded, ids), logits(model, ids))
+    assert tape_blocks(loaded)[0].w_psi.out_features == 12
+
+
+def test_replace_removes_tape():
+    ids = random_ids()
+    model = perturb(hf_posenc.patch_model(tiny_model("llama"), "tape"))
+    hf_posenc.patch_model(model, "cope", clip_low_n=2, replace=True)
+    assert not tape_blocks(model)
+    direct = hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=2)
+    assert torch.equal(logits(model, ids), logits(direct, ids))
+
+
+@pytest.mark.parametrize(
+    "options, match",
+    [({"hidden": 0}, "hidden must be >= 1"), ({"frequencies": {"scheme": "tapa"}}, "must name a frequency scheme"),
+     ({"frequencies": {"scheme": "cope", "clip_low_n": 99}}, "exceeds"), ({"layers": "global"}, "must stay|must be 'all'")],
+)
+def test_bad_tape_options(options, match):
+    model = tiny_model("llama")
+    before = copy.deepcopy(model.config.to_dict())
+    with pytest.raises(ValueError, match=match):
+        hf_posenc.patch_model(model, "tape", **options)
+    assert model.config.to_dict() == before and not tape_blocks(model)
