@@ -1,0 +1,176 @@
+"""Readable PyTorch reference for the TAPE attention op (the specification the fast paths are tested against).
+
+TAPE (paper §3.2) shares ONE attention map between token mixing and position contextualisation:
+
+    S = scale · q kᵀ + masks                       (eq. 6 with φ = identity; q and k were already rotated
+                                                    by the positional state outside this op)
+    P = softmax(S)                                 (row-wise over keys)
+    O = P · V                                      (token mixing, eq. 6)
+    Ẽ = P · E                                      (position contextualisation, eq. 7)
+
+E is a real tensor of positional channels: a complex number per frequency stored as (re, im) channels,
+so its width De = 2F is independent of the head width D (Appendix B, Fig. 4).
+
+Conventions shared with the SDPA fold and the Triton kernel:
+- q: [B, Hq, Lq, D]; k, v: [B, Hkv, Lk, D]; e: [B, Hkv, Lk, De]; Hq % Hkv == 0 (grouped-query
+  attention: query head h reads kv head h // (Hq // Hkv); E is stored per KV head like the cache).
+- Outputs: o [B, Hq, Lq, D], e_out [B, Hq, Lq, De].
+- Queries are the LAST Lq positions of the key sequence (decode against a KV cache), so causal
+  means key j is visible to query i iff j <= i + (Lk − Lq).
+- key_padding_mask [B, Lk] bool, True = attend. A query row with no visible key returns zeros.
+- scale defaults to D ** -0.5. Everything accumulates in fp32 (float64 inputs stay float64) and the
+  outputs are cast back to the input dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+
+
+@dataclass(frozen=True)
+class TapeArgs:
+    """Validated shapes and options shared by the reference, the SDPA fold and the Triton kernel."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    k_len: int
+    head_dim: int
+    e_dim: int
+    scale: float
+    causal: bool
+
+    @property
+    def group(self) -> int:
+        """Query heads per KV head (1 for multi-head attention)."""
+        return self.q_heads // self.kv_heads
+
+    @property
+    def offset(self) -> int:
+        """Lk − Lq: query i sits at absolute position i + offset."""
+        return self.k_len - self.q_len
+
+
+def validate_tape_args(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    e: torch.Tensor,
+    scale: float | None,
+    causal: bool,
+    key_padding_mask: torch.Tensor | None,
+) -> TapeArgs:
+    """Check the arguments of `tape_attention` and return their shapes; raise TypeError/ValueError naming the fix."""
+    for name, t in (("q", q), ("k", k), ("v", v), ("e", e)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"tape_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dim() != 4:
+            raise ValueError(
+                f"tape_attention: {name} must be 4-D [batch, heads, length, channels], got shape {tuple(t.shape)}"
+            )
+        if t.dtype not in FLOAT_DTYPES:
+            raise TypeError(f"tape_attention: {name} must be a floating tensor (fp16/bf16/fp32/fp64), got {t.dtype}")
+        if t.device != q.device:
+            raise ValueError(f"tape_attention: {name} is on {t.device} but q is on {q.device}; move them together")
+    if len({q.dtype, k.dtype, v.dtype, e.dtype}) != 1:
+        raise TypeError(
+            f"tape_attention: q, k, v, e must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}, {e.dtype}; "
+            "cast them with .to(q.dtype)"
+        )
+    b, hq, lq, d = q.shape
+    bk, hkv, lk, dk = k.shape
+    if bk != b or v.shape[0] != b or e.shape[0] != b:
+        raise ValueError(f"tape_attention: batch sizes differ: q {b}, k {bk}, v {v.shape[0]}, e {e.shape[0]}")
+    if dk != d:
+        raise ValueError(f"tape_attention: q and k must share the head width, got {d} and {dk}")
+    if tuple(v.shape) != (b, hkv, lk, d):
+        raise ValueError(f"tape_attention: v must have shape {(b, hkv, lk, d)} like k, got {tuple(v.shape)}")
+    if tuple(e.shape[:3]) != (b, hkv, lk):
+        raise ValueError(
+            f"tape_attention: e must be [B, Hkv, Lk, De] = [{b}, {hkv}, {lk}, De] (one positional state per KV head "
+            f"and key), got {tuple(e.shape)}"
+        )
+    if min(b, hq, hkv, lq, lk, d, e.shape[3]) == 0:
+        raise ValueError(f"tape_attention: empty dimension in q {tuple(q.shape)}, k {tuple(k.shape)}, e {tuple(e.shape)}")
+    if hq % hkv != 0:
+        raise ValueError(
+            f"tape_attention: the number of query heads ({hq}) must be a multiple of the KV heads ({hkv}) for GQA"
+        )
+    if lq > lk:
+        raise ValueError(
+            f"tape_attention: Lq={lq} > Lk={lk}; queries must be the last Lq of the Lk key positions "
+            "(pass the whole key/value/positional cache)"
+        )
+    if not isinstance(causal, bool):
+        raise TypeError(f"tape_attention: causal must be a bool, got {causal!r}")
+    if scale is None:
+        scale = d**-0.5
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
+        raise TypeError(f"tape_attention: scale must be a float or None (None = head_dim ** -0.5), got {scale!r}")
+    scale = float(scale)
+    if not (scale > 0.0 and scale < float("inf")):
+        raise ValueError(f"tape_attention: scale must be a finite positive number, got {scale}")
+    if key_padding_mask is not None:
+        if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
+            raise TypeError("tape_attention: key_padding_mask must be a bool tensor [B, Lk] with True = attend")
+        if tuple(key_padding_mask.shape) != (b, lk):
+            raise ValueError(
+                f"tape_attention: key_padding_mask must have shape [B, Lk] = {(b, lk)}, got {tuple(key_padding_mask.shape)}"
+            )
+        if key_padding_mask.device != q.device:
+            raise ValueError(f"tape_attention: key_padding_mask is on {key_padding_mask.device}, q on {q.device}")
+    return TapeArgs(b, hq, hkv, lq, lk, d, e.shape[3], scale, causal)
+
+
+def tape_visibility(
+    args: TapeArgs, key_padding_mask: torch.Tensor | None, device: torch.device
+) -> torch.Tensor:
+    """Bool mask [B or 1, 1, Lq, Lk]: True where query i may attend key j (causal offset Lk − Lq, padding)."""
+    vis = torch.ones(1, 1, args.q_len, args.k_len, dtype=torch.bool, device=device)
+    if args.causal:
+        i = torch.arange(args.q_len, device=device)[:, None] + args.offset
+        j = torch.arange(args.k_len, device=device)[None, :]
+        vis = vis & (j <= i)
+    if key_padding_mask is not None:
+        vis = vis & key_padding_mask[:, None, None, :]
+    return vis
+
+
+def repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, Hkv, L, C] -> [B, Hkv·group, L, C], query head h reading kv head h // group (reference only)."""
+    return x if group == 1 else x.repeat_interleave(group, dim=1)
+
+
+def tape_attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    e: torch.Tensor,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    key_padding_mask: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """TAPE attention, eq. 6–7: one softmax P mixes the values (O = P·V) and the positional states (Ẽ = P·E).
+
+    Plain differentiable PyTorch (fp32 accumulation); returns (o [B, Hq, Lq, D], e_out [B, Hq, Lq, De]).
+    """
+    args = validate_tape_args(q, k, v, e, scale, causal, key_padding_mask)
+    acc = torch.float64 if q.dtype == torch.float64 else torch.float32
+    kk, vv, ee = (repeat_kv(t.to(acc), args.group) for t in (k, v, e))
+    scores = torch.matmul(q.to(acc), kk.transpose(-1, -2)) * args.scale
+    vis = tape_visibility(args, key_padding_mask, q.device)
+    scores = scores.masked_fill(~vis, float("-inf"))
+    row_max = scores.amax(dim=-1, keepdim=True)
+    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()
+    p = torch.exp(scores - row_max)  # exactly 0 where masked
+    denom = p.sum(dim=-1, keepdim=True)
+    p = p / torch.where(denom > 0, denom, torch.ones_like(denom))  # empty rows stay all-zero
+    o = torch.matmul(p, vv)
+    e_out = torch.matmul(p, ee)
+    return o.to(q.dtype), e_out.to(q.dtype)

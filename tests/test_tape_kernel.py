@@ -1,0 +1,228 @@
+"""TAPE attention op (eq. 6–7): reference vs an independent float64 formula, SDPA fold and Triton kernel
+(forward and all four gradients) vs the reference, on fresh random inputs. Triton runs under
+TRITON_INTERPRET=1 here (set by conftest.py), so the shapes stay small."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hf_posenc.kernels.tape import (
+    tape_attention,
+    tape_attention_reference,
+    tape_attention_sdpa,
+    tape_attention_triton,
+    uses_triton,
+)
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+TOL = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(atol=3e-3, rtol=3e-3)}
+
+# (B, Hq, Hkv, Lq, Lk, D, De, causal, left_pad)
+SHAPES = {
+    "mha-37-causal": (1, 2, 2, 37, 37, 16, 8, True, False),
+    "gqa2-70-causal-pad": (1, 4, 2, 70, 70, 32, 32, True, True),
+    "gqa3-37-noncausal": (2, 3, 1, 37, 37, 16, 8, False, False),
+    "gqa3-37-noncausal-pad": (2, 3, 1, 37, 37, 16, 8, False, True),
+    "prefill-chunk-20-of-45": (1, 4, 2, 20, 45, 16, 8, True, False),
+    "decode-1-of-50": (2, 4, 2, 1, 50, 16, 8, True, False),
+    "decode-3-of-50-pad": (2, 4, 2, 3, 50, 32, 32, True, True),
+    "decode-3-of-50-noncausal": (1, 3, 1, 3, 50, 16, 8, False, False),
+}
+
+
+def make_inputs(B, Hq, Hkv, Lq, Lk, D, De, left_pad, dtype=torch.float32, seed=None):
+    g = torch.Generator().manual_seed(seed) if seed is not None else None
+    q = torch.randn(B, Hq, Lq, D, generator=g)
+    k = torch.randn(B, Hkv, Lk, D, generator=g)
+    v = torch.randn(B, Hkv, Lk, D, generator=g)
+    e = torch.randn(B, Hkv, Lk, De, generator=g)
+    kpm = None
+    if left_pad:
+        kpm = torch.ones(B, Lk, dtype=torch.bool)
+        kpm[0, : Lk // 3] = False  # first sequence left-padded (its early causal rows see no key at all)
+        if B > 1:
+            kpm[1, :2] = False
+        kpm = kpm.to(DEVICE)
+    return [t.to(DEVICE, dtype) for t in (q, k, v, e)], kpm
+
+
+def float64_formula(q, k, v, e, scale, causal, kpm):
+    """softmax(scale·q kᵀ + masks)·[V | E] in float64, with the mask built entry by entry."""
+    q, k, v, e = (t.detach().cpu().double() for t in (q, k, v, e))
+    B, Hq, Lq, D = q.shape
+    Hkv, Lk = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    o = torch.zeros(B, Hq, Lq, D, dtype=torch.float64)
+    eo = torch.zeros(B, Hq, Lq, e.shape[-1], dtype=torch.float64)
+    for b in range(B):
+        for h in range(Hq):
+            kvh = h // group
+            for i in range(Lq):
+                keys = [j for j in range(Lk) if (not causal or j <= i + Lk - Lq) and (kpm is None or bool(kpm[b, j]))]
+                if not keys:
+                    continue
+                s = torch.stack([scale * torch.dot(q[b, h, i], k[b, kvh, j]) for j in keys])
+                p = torch.softmax(s, dim=0)
+                ve = torch.cat([v[b, kvh, keys], e[b, kvh, keys]], dim=-1)
+                out = p @ ve
+                o[b, h, i], eo[b, h, i] = out[:D], out[D:]
+    return o, eo
+
+
+def test_reference_matches_float64_formula():
+    (q, k, v, e), kpm = make_inputs(2, 4, 2, 5, 9, 8, 6, left_pad=True)
+    for causal in (True, False):
+        o, eo = tape_attention_reference(q.double(), k.double(), v.double(), e.double(), scale=0.3, causal=causal,
+                                         key_padding_mask=kpm)
+        ro, reo = float64_formula(q, k, v, e, 0.3, causal, None if kpm is None else kpm.cpu())
+        torch.testing.assert_close(o.cpu(), ro, atol=1e-12, rtol=1e-12)
+        torch.testing.assert_close(eo.cpu(), reo, atol=1e-12, rtol=1e-12)
+        # fp32 reference (fp32 accumulation) agrees too, and fully padded rows are zero, not NaN
+        o32, eo32 = tape_attention_reference(q, k, v, e, scale=0.3, causal=causal, key_padding_mask=kpm)
+        torch.testing.assert_close(o32.cpu().double(), ro, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(eo32.cpu().double(), reo, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(o).all() and torch.isfinite(eo).all()
+
+
+def test_reference_default_scale_and_empty_rows():
+    (q, k, v, e), _ = make_inputs(1, 2, 1, 4, 6, 16, 4, left_pad=False)
+    kpm = torch.zeros(1, 6, dtype=torch.bool, device=DEVICE)
+    kpm[0, 4:] = True  # causal rows 0 and 1 (absolute positions 2, 3) see no unpadded key
+    o, eo = tape_attention_reference(q, k, v, e, key_padding_mask=kpm)
+    ro, reo = float64_formula(q, k, v, e, 16**-0.5, True, kpm.cpu())
+    torch.testing.assert_close(o.cpu().double(), ro, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(eo.cpu().double(), reo, atol=1e-5, rtol=1e-5)
+    assert (o[:, :, :2] == 0).all() and (eo[:, :, :2] == 0).all()
+    assert (o[:, :, 2:].abs().sum(-1) > 0).all()
+
+
+@pytest.mark.parametrize("name", ["gqa2-70-causal-pad", "gqa3-37-noncausal-pad", "decode-3-of-50-pad",
+                                  "prefill-chunk-20-of-45", "mha-37-causal"])
+def test_sdpa_fold_matches_reference(name):
+    B, Hq, Hkv, Lq, Lk, D, De, causal, pad = SHAPES[name]
+    (q, k, v, e), kpm = make_inputs(B, Hq, Hkv, Lq, Lk, D, De, pad)
+    q, k, v, e = (t.double().requires_grad_() for t in (q, k, v, e))
+    o, eo = tape_attention_sdpa(q, k, v, e, causal=causal, key_padding_mask=kpm)
+    ro, reo = tape_attention_reference(q, k, v, e, causal=causal, key_padding_mask=kpm)
+    torch.testing.assert_close(o, ro, atol=1e-10, rtol=1e-10)
+    torch.testing.assert_close(eo, reo, atol=1e-10, rtol=1e-10)
+    go, ge = torch.randn_like(o), torch.randn_like(eo)
+    grads = torch.autograd.grad((o * go).sum() + (eo * ge).sum(), (q, k, v, e))
+    ref = torch.autograd.grad((ro * go).sum() + (reo * ge).sum(), (q, k, v, e))
+    for g, r in zip(grads, ref):
+        assert torch.isfinite(g).all()
+        torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
+
+
+def _forward_backward(fn, inputs, kpm, causal, go, ge):
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
+    o, eo = fn(*leaves, causal=causal, key_padding_mask=kpm)
+    grads = torch.autograd.grad((o * go).sum() + (eo * ge).sum(), leaves)
+    return o.detach(), eo.detach(), grads
+
+
+@pytest.mark.parametrize("name", list(SHAPES))
+def test_triton_forward_and_gradients_match_reference(name):
+    B, Hq, Hkv, Lq, Lk, D, De, causal, pad = SHAPES[name]
+    inputs, kpm = make_inputs(B, Hq, Hkv, Lq, Lk, D, De, pad)
+    go = torch.randn(B, Hq, Lq, D, device=DEVICE)
+    ge = torch.randn(B, Hq, Lq, De, device=DEVICE)
+    o, eo, grads = _forward_backward(tape_attention_triton, inputs, kpm, causal, go, ge)
+    # fp32 inputs: compare with the reference run in float64 (fp32 kernel dots are exact, not tf32)
+    ro, reo, ref = _forward_backward(tape_attention_reference, [t.double() for t in inputs], kpm, causal,
+                                     go.double(), ge.double())
+    tol = TOL[torch.float32]
+    torch.testing.assert_close(o, ro.float(), **tol)
+    torch.testing.assert_close(eo, reo.float(), **tol)
+    for label, g, r in zip("q k v e".split(), grads, ref):
+        assert torch.isfinite(g).all(), f"d{label} has non-finite entries"
+        torch.testing.assert_close(g, r.float(), atol=1e-4, rtol=1e-4, msg=lambda m: f"d{label}: {m}")
+
+
+def test_positional_output_gradient_reaches_dq_and_dk():
+    """With dO = 0 and only dẼ non-zero, dq and dk must still be non-zero (dP = dẼ·Eᵀ, Δ = rowsum(dẼ∘Ẽ)).
+
+    The released fused kernel dropped these terms, which would give dq = dk = 0 here."""
+    B, Hq, Hkv, Lq, Lk, D, De = 1, 4, 2, 37, 37, 16, 8
+    inputs, _ = make_inputs(B, Hq, Hkv, Lq, Lk, D, De, left_pad=False)
+    go = torch.zeros(B, Hq, Lq, D, device=DEVICE)
+    ge = torch.randn(B, Hq, Lq, De, device=DEVICE)
+    _, _, (dq, dk, dv, de) = _forward_backward(tape_attention_triton, inputs, None, True, go, ge)
+    _, _, (rq, rk, rv, re) = _forward_backward(tape_attention_reference, [t.double() for t in inputs], None, True,
+                                               go.double(), ge.double())
+    assert dq.abs().max() > 1e-2 and dk.abs().max() > 1e-2
+    assert (dv == 0).all()  # no value gradient without dO
+    for g, r in ((dq, rq), (dk, rk), (de, re)):
+        torch.testing.assert_close(g, r.float(), atol=1e-4, rtol=1e-4)
+    # and the positional path changes dq: adding dẼ to a fixed dO changes the query gradient
+    go2 = torch.randn_like(go)
+    _, _, (dq_o, dk_o, _, _) = _forward_backward(tape_attention_triton, inputs, None, True, go2, torch.zeros_like(ge))
+    _, _, (dq_oe, dk_oe, _, _) = _forward_backward(tape_attention_triton, inputs, None, True, go2, ge)
+    torch.testing.assert_close(dq_oe - dq_o, dq, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dk_oe - dk_o, dk, atol=1e-4, rtol=1e-4)
+
+
+def test_triton_fp16_forward():
+    B, Hq, Hkv, Lq, Lk, D, De = 1, 4, 2, 37, 37, 32, 16
+    inputs, kpm = make_inputs(B, Hq, Hkv, Lq, Lk, D, De, left_pad=True, dtype=torch.float16)
+    o, eo = tape_attention_triton(*inputs, key_padding_mask=kpm)
+    ro, reo = tape_attention_reference(*inputs, key_padding_mask=kpm)
+    assert o.dtype == torch.float16 and eo.dtype == torch.float16
+    torch.testing.assert_close(o, ro, **TOL[torch.float16])
+    torch.testing.assert_close(eo, reo, **TOL[torch.float16])
+
+
+def test_triton_non_contiguous_inputs_and_custom_scale():
+    B, H, L, D, De = 1, 2, 21, 16, 8
+    q = torch.randn(B, L, H, D, device=DEVICE).transpose(1, 2)  # [B, H, L, D] view with head stride D
+    k = torch.randn(B, L, H, D, device=DEVICE).transpose(1, 2)
+    v = torch.randn(B, L, H, D, device=DEVICE).transpose(1, 2)
+    e = torch.randn(B, L, H, De, device=DEVICE).transpose(1, 2)
+    o, eo = tape_attention_triton(q, k, v, e, scale=0.7)
+    ro, reo = tape_attention_reference(q, k, v, e, scale=0.7)
+    torch.testing.assert_close(o, ro, **TOL[torch.float32])
+    torch.testing.assert_close(eo, reo, **TOL[torch.float32])
+
+
+def test_dispatch():
+    (q, k, v, e), _ = make_inputs(1, 2, 1, 5, 7, 16, 8, left_pad=False)
+    assert uses_triton(q)  # CUDA, or the interpreter set by conftest.py
+    assert not uses_triton(q.double())
+    o, eo = tape_attention(q, k, v, e)
+    ro, reo = tape_attention_reference(q, k, v, e)
+    torch.testing.assert_close(o, ro, **TOL[torch.float32])
+    torch.testing.assert_close(eo, reo, **TOL[torch.float32])
+    o64, _ = tape_attention(q.double(), k.double(), v.double(), e.double())  # float64 -> reference
+    assert o64.dtype == torch.float64
+
+
+@pytest.mark.parametrize("fn", [tape_attention_reference, tape_attention_sdpa, tape_attention_triton])
+def test_bad_arguments_raise(fn):
+    (q, k, v, e), _ = make_inputs(1, 3, 1, 4, 6, 16, 8, left_pad=False)
+    with pytest.raises(ValueError, match="multiple of the KV heads"):
+        fn(q, torch.cat([k, k], 1), torch.cat([v, v], 1), torch.cat([e, e], 1))
+    with pytest.raises(ValueError, match="Lq=6 > Lk=4"):
+        fn(torch.randn(1, 3, 6, 16, device=DEVICE), k[:, :, :4], v[:, :, :4], e[:, :, :4])
+    with pytest.raises(ValueError, match="e must be"):
+        fn(q, k, v, e[:, :, :5])
+    with pytest.raises(ValueError, match="4-D"):
+        fn(q[0], k, v, e)
+    with pytest.raises(TypeError, match="share one dtype"):
+        fn(q, k, v, e.half())
+    with pytest.raises(ValueError, match="head width"):
+        fn(q, k[..., :8], v[..., :8], e)
+    with pytest.raises(TypeError, match="bool tensor"):
+        fn(q, k, v, e, key_padding_mask=torch.ones(1, 6, device=DEVICE))
+    with pytest.raises(ValueError, match=r"\[B, Lk\]"):
+        fn(q, k, v, e, key_padding_mask=torch.ones(1, 5, dtype=torch.bool, device=DEVICE))
+    with pytest.raises(ValueError, match="finite positive"):
+        fn(q, k, v, e, scale=-1.0)
+    with pytest.raises(TypeError, match="causal must be a bool"):
+        fn(q, k, v, e, causal=1)
+
+
+def test_triton_rejects_float64():
+    (q, k, v, e), _ = make_inputs(1, 2, 1, 4, 6, 16, 8, left_pad=False)
+    with pytest.raises(TypeError, match="float64"):
+        tape_attention_triton(q.double(), k.double(), v.double(), e.double())
