@@ -18,9 +18,11 @@ from .schemes import (
 )
 from .schemes.cope import register_rope_types
 from .schemes.tapa import register_tapa_attention
+from .schemes.tape import register_tape_attention
 
 register_rope_types()
 register_tapa_attention()
+register_tape_attention()
 
 from .patches import ADAPTERS  # noqa: E402  (registers the patched model types)
 from .patching import get_scheme, patch_model  # noqa: E402

@@ -139,9 +139,9 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     if current is not None:
         current.scheme.uninstall(model)
     config_scheme.install(model)
-    if config_scheme.attn_implementation is not None:
-        model.set_attn_implementation(config_scheme.attn_implementation)
-        if current is None:
+    if config_scheme.attention_name() is not None:
+        model.set_attn_implementation(config_scheme.attention_name())
+        if current is None and config_scheme.attn_implementation is not None:
             warnings.warn(
                 f"{config_scheme.name} replaces how attention scores are computed, so a model pretrained with RoPE "
                 "needs training before it is useful again (the paper trains with it); see recipes/ for continued "

@@ -215,3 +215,56 @@ def test_bad_tape_options(options, match):
     with pytest.raises(ValueError, match=match):
         hf_posenc.patch_model(model, "tape", **options)
     assert model.config.to_dict() == before and not tape_blocks(model)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+def test_fused_kernel_backend_equals_the_model_attention_path(arch):
+    ids, mask = padded_batch()
+    auto = perturb(hf_posenc.patch_model(tiny_model(arch, "sdpa"), "tape"))
+    fused = perturb(hf_posenc.patch_model(tiny_model(arch, "sdpa"), "tape", backend="triton"))
+    assert fused.config._attn_implementation == "hf_posenc_tape"
+    real = mask.bool()
+    torch.testing.assert_close(logits(fused, ids, attention_mask=mask)[real],
+                               logits(auto, ids, attention_mask=mask)[real], rtol=1e-4, atol=1e-4)
+    grads = []
+    for model in (auto, fused):
+        model.train()
+        model(input_ids=ids, attention_mask=mask, labels=ids.masked_fill(~real, -100)).loss.backward()
+        grads.append(torch.cat([p.grad.flatten() for n, p in model.named_parameters() if ".tape." in n]))
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-3, atol=1e-5)
+
+
+def test_fused_kernel_decode_matches_the_full_pass_and_refuses_packing():
+    model = perturb(hf_posenc.patch_model(tiny_model("llama", "sdpa"), "tape", backend="triton"))
+    ids = random_ids(1, 14)
+    full = logits(model, ids)
+    with torch.no_grad():
+        prefix = model(ids[:, :11], use_cache=True)
+        step = model(ids[:, 11:], past_key_values=prefix.past_key_values, use_cache=True)
+    torch.testing.assert_close(step.logits, full[:, 11:], rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="packed sequences; use backend='auto'"):
+        logits(model, ids, position_ids=torch.cat([torch.arange(7), torch.arange(7)])[None])
+
+
+def test_peft_adapter_round_trip_restores_tape_weights_and_refuses_an_unpatched_base(tmp_path):
+    peft = pytest.importorskip("peft")
+    from hf_posenc.adapters import load_adapter, lora_config, save_adapter
+
+    ids = random_ids()
+    model = hf_posenc.patch_model(tiny_model("llama"), "tape")
+    config = lora_config(model, r=2, train_norms=True)
+    assert "tape" in config.modules_to_save and "input_layernorm" in config.modules_to_save
+    wrapped = peft.get_peft_model(model, config)
+    for name, p in wrapped.named_parameters():  # stand-in for training: every trainable weight moves
+        if p.requires_grad:
+            p.data.add_(torch.randn_like(p) * 0.1)
+    save_adapter(wrapped, tmp_path / "adapter")
+    expected = logits(wrapped, ids)
+
+    fresh = hf_posenc.patch_model(tiny_model("llama"), "tape")
+    loaded = peft.PeftModel.from_pretrained(fresh, tmp_path / "adapter")
+    assert torch.equal(logits(loaded, ids), expected)
+    again = load_adapter(hf_posenc.patch_model(tiny_model("llama"), "tape"), tmp_path / "adapter")
+    assert torch.equal(logits(again, ids), expected)
+    with pytest.raises(ValueError, match=r"patch the base first: `hf_posenc.patch_model\(base, 'tape'"):
+        load_adapter(tiny_model("llama"), tmp_path / "adapter")

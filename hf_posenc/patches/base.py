@@ -39,11 +39,8 @@ for _rope_type in CLIPPED_ROPE_TYPES:
 
 def required_attn_implementation(config: Any) -> str | None:
     """The attention implementation a config's scheme needs (TAPA), or ``None`` if any backend works."""
-    from ..schemes import SCHEMES
-
     record = getattr(config, RECORD_KEY, None)
-    scheme = None if record is None else SCHEMES.get(record.get("scheme"))
-    return None if scheme is None else scheme.attn_implementation
+    return None if record is None else SchemeRecord.from_dict(record).scheme.attention_name()
 
 
 class PosencModelMixin:

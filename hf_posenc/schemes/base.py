@@ -48,7 +48,7 @@ class SchemeConfig:
 
     name: ClassVar[str]
     paper: ClassVar[str]
-    # The attention implementation the scheme registers, or None when it only changes rotary frequencies.
+    # The attention implementation the scheme registers, or None when any backend works (see attention_name).
     attn_implementation: ClassVar[str | None] = None
     layers: LayerSelection = "global"
 
@@ -63,6 +63,10 @@ class SchemeConfig:
     def resolved(self, head_dim: int) -> SchemeConfig:
         """Return a copy whose model-dependent defaults are filled in."""
         return self
+
+    def attention_name(self) -> str | None:
+        """The attention implementation this configured scheme requires, or ``None`` if any backend works."""
+        return self.attn_implementation
 
     def frequency_scheme(self) -> SchemeConfig:
         """The scheme whose ``rope_parameters`` set the rotary frequencies (itself, or a nested one for TAPE)."""

@@ -79,8 +79,9 @@ def tapa_mask(
     batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0, mask_function=None,
     attention_mask: torch.Tensor | None = None, **kwargs: Any,
 ) -> torch.Tensor | None:
-    """``AttentionMaskInterface`` entry: TAPA needs only the 2-D key padding mask (causality, sliding windows and
-    packed documents are handled in the attention function from position ids); ``None`` means no padding."""
+    """``AttentionMaskInterface`` entry for kernels that take the 2-D key padding mask (TAPA, fused TAPE):
+    causality, sliding windows and packed documents are handled in the attention function; ``None`` means no
+    padding."""
     if attention_mask is None:
         return None
     mask = attention_mask[:, kv_offset : kv_offset + kv_length].bool()

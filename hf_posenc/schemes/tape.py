@@ -31,6 +31,8 @@ from torch import nn
 
 from .base import FrequencySchemeConfig, SchemeConfig, check_type
 
+ATTN_NAME = "hf_posenc_tape"
+
 
 @dataclass(frozen=True)
 class TAPEConfig(SchemeConfig):
@@ -41,6 +43,9 @@ class TAPEConfig(SchemeConfig):
             authors' code.
         frequencies: a frequency scheme applied first, as a dict ``{"scheme": "cope", "clip_low_n": 10}``
             (any of cope, hardclip, prope, rope with their options); ``None`` keeps the model's frequencies.
+        backend: ``"auto"`` runs through the model's attention implementation (eager, sdpa, flex, flash);
+            ``"triton"`` uses the fused kernel (O = P·V and Ẽ = P·E in one pass; no sliding windows, soft-capping or
+            packed sequences).
         layers: TAPE runs in every layer; must stay ``"all"``.
     """
 
@@ -50,16 +55,24 @@ class TAPEConfig(SchemeConfig):
     layers: Literal["global", "all"] = "all"
     hidden: int | None = None
     frequencies: dict[str, Any] | None = None
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         super().__post_init__()
         check_type(self.name, "hidden", self.hidden, (int,), optional=True)
+        check_type(self.name, "backend", self.backend, (str,))
+        if self.backend not in ("auto", "triton"):
+            raise ValueError(f"tape: backend must be 'auto' (the model's attention implementation) or 'triton' "
+                             f"(the fused kernel), got {self.backend!r}.")
         check_type(self.name, "frequencies", self.frequencies, (dict,), optional=True)
         if self.layers != "all":
             raise ValueError("tape: TAPE updates positions in every layer; layers must be 'all'.")
         if self.hidden is not None and self.hidden < 1:
             raise ValueError(f"tape: hidden must be >= 1, got {self.hidden}.")
         self.frequency_scheme()  # validates the nested scheme now
+
+    def attention_name(self) -> str | None:
+        return ATTN_NAME if self.backend == "triton" else None
 
     def frequency_scheme(self) -> FrequencySchemeConfig:
         from . import make_scheme
@@ -186,13 +199,51 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
     if getattr(attn.config, "attn_logit_softcapping", None) is not None:
         extra["softcap"] = attn.config.attn_logit_softcapping
     common = dict(dropout=attn.attention_dropout if attn.training else 0.0, scaling=attn.scaling, **extra, **kwargs)
-    if name == "eager":  # one call: P·[V | E]; column-wise matmuls keep O bit-identical to the stock model
+    if name in ("eager", ATTN_NAME):  # one call: P·[V | E] (eager's column-wise matmuls keep O bit-identical)
         out, _ = fn(attn, q, k, v, attention_mask, **common)
         o, e_tilde = out[..., :d], out[..., d:]
     else:  # fused backends pick other kernels for a wider value: two calls with the same P keep O exact
         o, _ = fn(attn, q, k, v[..., :d], attention_mask, **common)
         e_tilde, _ = fn(attn, q, k, v[..., d:], attention_mask, **common)
     return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), e_tilde
+
+
+def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attention_mask: torch.Tensor | None, scaling: float | None = None,
+                                 dropout: float = 0.0, sliding_window: int | None = None,
+                                 softcap: float | None = None, position_ids: torch.Tensor | None = None,
+                                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``AttentionInterface`` entry for ``backend="triton"``: ``value`` is [V | E]; returns [O | Ẽ]."""
+    from ..kernels.tape import tape_attention
+
+    if sliding_window is not None or softcap is not None:
+        raise ValueError("tape: the fused kernel has no sliding window or soft-capping; use backend='auto' for "
+                         "this model.")
+    if dropout and module.training:
+        raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
+        raise ValueError("tape: the fused kernel takes the 2-D padding mask from its own mask function.")
+    if position_ids is not None and query.shape[2] == key.shape[2] and position_ids.shape[-1] > 1:
+        pos = position_ids.expand(query.shape[0], -1)
+        steps = pos[:, 1:] - pos[:, :-1]
+        real = torch.ones_like(pos, dtype=torch.bool) if attention_mask is None else attention_mask
+        if bool(((steps != 1) & real[:, 1:] & real[:, :-1]).any()):
+            raise ValueError("tape: the fused kernel does not mask packed sequences; use backend='auto' for them.")
+    d = query.shape[-1]
+    o, e = tape_attention(query, key, value[..., :d].contiguous(), value[..., d:].contiguous(), scale=scaling,
+                          causal=True, key_padding_mask=attention_mask)
+    return torch.cat([o, e.to(o.dtype)], dim=-1).transpose(1, 2).contiguous(), None
+
+
+def register_tape_attention() -> None:
+    """Register the fused kernel's attention and (2-D padding) mask functions under :data:`ATTN_NAME`."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    from .tapa import tapa_mask
+
+    AttentionInterface.register(ATTN_NAME, tape_fused_attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, tapa_mask)
 
 
 class TapeLayerMixin:

@@ -1,0 +1,89 @@
+"""PEFT helpers: LoRA configs that keep a scheme's own weights, and adapter loading that refuses a wrong base.
+
+PEFT saves only the adapter weights and ``modules_to_save``: new parameters that merely have
+``requires_grad=True`` are silently dropped, and an adapter with ``modules_to_save`` loaded onto a base that lacks
+those modules silently drops them too. :func:`lora_config` puts a scheme's modules (TAPE's ``tape`` blocks) in
+``modules_to_save``; :func:`save_adapter` records the scheme next to the adapter and :func:`load_adapter` checks it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Sequence
+
+from .patching import scheme_record
+
+ADAPTER_RECORD = "hf_posenc_adapter.json"
+ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+
+def _norm_names(model: Any) -> list[str]:
+    names = set()
+    for name, module in model.named_modules():
+        if type(module).__name__.endswith("RMSNorm") and "." in name:
+            names.add(name.rsplit(".", 1)[1])
+    return sorted(names)
+
+
+def lora_config(
+    model: Any,
+    r: int = 8,
+    lora_alpha: int = 16,
+    lora_dropout: float = 0.0,
+    target_modules: Sequence[str] = ATTENTION_PROJECTIONS,
+    train_embeddings: bool = False,
+    train_norms: bool = False,
+    **kwargs: Any,
+):
+    """A ``peft.LoraConfig`` for a patched model: LoRA on ``target_modules`` plus, fully trained and saved, the
+    scheme's own modules (TAPE), and optionally the embeddings and norms (LongLoRA's "LoRA+", the TAPE recipe).
+
+    Patched models have their own model type, for which PEFT has no default target modules, so they are explicit.
+    """
+    from peft import LoraConfig, TaskType
+
+    if not target_modules:
+        raise ValueError("lora_config: PEFT needs at least one LoRA target; e.g. target_modules=('q_proj', 'v_proj').")
+    record = scheme_record(model)
+    modules_to_save = list(record.scheme.trainable_modules) if record is not None else []
+    if train_embeddings:
+        modules_to_save.append("embed_tokens")
+    if train_norms:
+        modules_to_save.extend(_norm_names(model))
+    return LoraConfig(
+        task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+        target_modules=list(target_modules), modules_to_save=modules_to_save or None, **kwargs,
+    )
+
+
+def save_adapter(peft_model: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
+    """``peft_model.save_pretrained(path)`` plus a record of the base's scheme, checked by :func:`load_adapter`."""
+    path = Path(path)
+    peft_model.save_pretrained(path, **kwargs)
+    record = scheme_record(peft_model.get_base_model())
+    (path / ADAPTER_RECORD).write_text(json.dumps({"hf_posenc": None if record is None else record.to_dict()}, indent=2))
+    return path
+
+
+def load_adapter(base: Any, path: str | os.PathLike, **kwargs: Any):
+    """``PeftModel.from_pretrained(base, path)``, refusing a base that lacks the modules or scheme the adapter was
+    trained with (where PEFT would silently drop them)."""
+    from peft import PeftConfig, PeftModel
+
+    path = Path(path)
+    config = PeftConfig.from_pretrained(path)
+    names = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
+    missing = [m for m in (config.modules_to_save or []) if m not in names]
+    record_file = path / ADAPTER_RECORD
+    trained = json.loads(record_file.read_text())["hf_posenc"] if record_file.exists() else None
+    current = scheme_record(base)
+    if missing or (trained is not None and (current is None or current.scheme.name != trained["scheme"])):
+        scheme = trained["scheme"] if trained else "a scheme"
+        raise ValueError(
+            f"this adapter was trained on a model patched with {scheme!r} (modules {missing or []} are missing from "
+            f"the base); patch the base first: `hf_posenc.patch_model(base, {scheme!r}, ...)`, or load the base "
+            "from a checkpoint saved after patching."
+        )
+    return PeftModel.from_pretrained(base, path, **kwargs)
