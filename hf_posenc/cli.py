@@ -1,4 +1,4 @@
-"""The ``hf-posenc`` command line: info, patch, export, demo."""
+"""The ``hf-posenc`` command line: info, patch, export, demo, diagnose."""
 
 from __future__ import annotations
 
@@ -85,6 +85,16 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mount(sub, name: str, help_text: str, module: str, add: str, run: str) -> None:
+    """A subcommand whose implementation lives in another module (imported only when the command runs)."""
+    import importlib
+
+    mod = importlib.import_module(module)
+    p = sub.add_parser(name, help=help_text)
+    getattr(mod, add)(p)
+    p.set_defaults(func=getattr(mod, run))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="hf-posenc", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -112,6 +122,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text")
     p.add_argument("--max-new-tokens", type=int, default=20)
     p.set_defaults(func=cmd_demo)
+
+    _mount(sub, "diagnose", "the papers' analyses (frequency usage, positional heads, disentanglement, ...)",
+           "hf_posenc.diagnostics.cli", "add_diagnose_arguments", "run_diagnose")
     return parser
 
 
