@@ -1,4 +1,4 @@
-"""The ``hf-posenc`` command line: info, patch, export, demo, diagnose."""
+"""The ``hf-posenc`` command line: info, patch, export, demo, eval, diagnose."""
 
 from __future__ import annotations
 
@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=20)
     p.set_defaults(func=cmd_demo)
 
+    _mount(sub, "eval", "sliding-window perplexity, passkey and needle tasks at several lengths",
+           "hf_posenc.evaluation.cli", "add_eval_arguments", "run_eval")
     _mount(sub, "diagnose", "the papers' analyses (frequency usage, positional heads, disentanglement, ...)",
            "hf_posenc.diagnostics.cli", "add_diagnose_arguments", "run_diagnose")
     return parser

@@ -66,3 +66,18 @@ def test_cli_patches_the_gguf_checkpoint(tmp_path, capsys):
     info = json.loads(capsys.readouterr().out)
     assert info["scheme"] == "prope" and info["options"]["p"] == 0.5
     assert info["model_type"] == "hf_posenc_llama"
+
+
+def test_tape_on_the_real_model_is_exact_at_init_and_small(smollm2):
+    from hf_posenc.schemes.tape import TapeBlock
+
+    model, tokenizer = smollm2
+    ids = tokenizer(PASSAGE, return_tensors="pt").input_ids[:, :96]
+    with torch.no_grad():
+        expected = model(ids).logits
+    patched = hf_posenc.patch_model(copy.deepcopy(model), "tape")
+    added = sum(p.numel() for m in patched.modules() if isinstance(m, TapeBlock) for p in m.parameters())
+    total = sum(p.numel() for p in patched.parameters())
+    assert added / total < 0.005, added / total  # the budget: under 0.5 % of the model
+    with torch.no_grad():
+        assert torch.equal(patched(ids).logits, expected)

@@ -1,0 +1,33 @@
+"""Length-generalisation evaluation for any Hugging Face causal LM, patched by hf-posenc or not.
+
+```python
+from hf_posenc.evaluation import evaluate, write_report
+result = evaluate({"rope": stock, "cope": patched}, tokenizer, tasks=["ppl", "passkey", "needle"],
+                  lengths=[2048, 8192, 16384], depths=[0, 0.5, 1], text=open("book.txt").read())
+write_report(result, "eval-out")     # results.json, report.md, perplexity.png, passkey.png, needle_*.png
+```
+
+* :mod:`.perplexity`: sliding-window perplexity (Press et al. stride method), chunked output head;
+* :mod:`.passkey`: passkey retrieval in the Landmark-attention format;
+* :mod:`.needle`: RULER-style single / multi-key / multi-value needles, generated offline;
+* :mod:`.report`: JSON, Markdown and PNG plots; :mod:`.cli`: the ``hf-posenc eval`` sub-command.
+"""
+
+from .needle import NEEDLE_TASKS, NeedlePrompt, build_needle_prompt, needle_prompt, score_needle
+from .passkey import PasskeyPrompt, build_passkey_prompt, passkey_prompt, score_passkey
+from .perplexity import (
+    TextTooShortError, perplexity_at_lengths, sliding_window_perplexity, tokenize_text, window_nll,
+    window_nll_reference,
+)
+from .prompting import GenerateFn, greedy_generate
+from .report import markdown_report, plot_accuracy_heatmaps, plot_perplexity, write_report
+from .results import PERPLEXITY_METHOD, EvaluationResult, PerplexityResult, RetrievalTrial
+from .runner import TASKS, evaluate, expand_tasks
+
+__all__ = [
+    "evaluate", "expand_tasks", "TASKS", "EvaluationResult", "PerplexityResult", "RetrievalTrial", "PERPLEXITY_METHOD",
+    "sliding_window_perplexity", "perplexity_at_lengths", "tokenize_text", "window_nll", "window_nll_reference",
+    "TextTooShortError", "passkey_prompt", "build_passkey_prompt", "score_passkey", "PasskeyPrompt",
+    "NEEDLE_TASKS", "needle_prompt", "build_needle_prompt", "score_needle", "NeedlePrompt", "greedy_generate",
+    "GenerateFn", "write_report", "markdown_report", "plot_perplexity", "plot_accuracy_heatmaps",
+]

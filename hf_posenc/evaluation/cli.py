@@ -1,0 +1,172 @@
+"""``hf-posenc eval MODEL [MODEL...] --tasks ppl passkey needle --lengths 512 1024 --out DIR``.
+
+Each MODEL is a directory, Hub id or ``.gguf`` file, optionally named ``NAME=PATH``. Models load one at a time with
+``AutoModelForCausalLM.from_pretrained`` (a GGUF file dequantized through ``GgufConfig(dequantize=True)``), after
+``import hf_posenc`` so that checkpoints patched by hf-posenc load as such. DIR receives ``results.json``,
+``report.md``, ``perplexity.png`` and one accuracy heatmap per retrieval task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Any
+
+from .runner import DEFAULT_DEPTHS, TASKS
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def _depth(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"a depth is a number in [0, 1], got {text!r}") from err
+    if not 0.0 <= value <= 1.0:
+        raise argparse.ArgumentTypeError(f"a depth is the fraction of filler before the needle, in [0, 1]; got {value}")
+    return value
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from err
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
+    return value
+
+
+def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """Add the ``eval`` arguments to ``parser`` (a sub-parser of the ``hf-posenc`` command)."""
+    parser.add_argument("models", nargs="+", metavar="MODEL", help="model directory, Hub id, .gguf file, or NAME=PATH")
+    parser.add_argument("--tokenizer", help="tokenizer directory or Hub id for every model (default: each MODEL)")
+    parser.add_argument("--gguf-file", help="GGUF file name inside every MODEL directory (loaded dequantized)")
+    parser.add_argument("--text", help="UTF-8 text file for the perplexity task")
+    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=["ppl", "passkey", "needle"], metavar="TASK",
+                        help=f"tasks among {', '.join(TASKS)} (default: ppl passkey needle; needle = all three)")
+    parser.add_argument("--lengths", nargs="+", type=_positive, default=[512, 1024],
+                        help="context lengths in tokens (default: 512 1024)")
+    parser.add_argument("--stride", type=_positive, default=None,
+                        help="perplexity window stride in tokens (default: half of each length)")
+    parser.add_argument("--max-tokens", type=_positive, default=None, help="use only the first N tokens of --text")
+    parser.add_argument("--depths", nargs="+", type=_depth, default=list(DEFAULT_DEPTHS),
+                        help="needle depths in [0, 1] (default: 0 0.25 0.5 0.75 1)")
+    parser.add_argument("--trials", type=_positive, default=1, help="prompts per length × depth cell (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the keys, values and needle placement")
+    parser.add_argument("--distractors", type=_positive, default=3, help="multikey: distractor needles (default 3)")
+    parser.add_argument("--values", type=int, default=4, help="multivalue: values of the asked key (default 4)")
+    parser.add_argument("--max-new-tokens", type=_positive, default=None,
+                        help="greedy tokens per answer (default: 10 for passkey, 12 per needle value)")
+    parser.add_argument("--out", required=True, help="output directory for results.json, report.md and the plots")
+    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
+    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
+    parser.add_argument("--attn-implementation", default=None, help="e.g. sdpa, eager, flash_attention_2")
+    parser.add_argument("--chunk-size", type=_positive, default=1024, help="positions per output-head chunk (1024)")
+    parser.add_argument("--full-logits", action="store_true",
+                        help="compute the perplexity from the model's full logits (reference path, more memory)")
+    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
+    return parser
+
+
+def parse_model_spec(spec: str) -> tuple[str, str]:
+    """``NAME=PATH`` or ``PATH`` (named after its last path component)."""
+    name, sep, path = spec.partition("=")
+    if sep and name and path and os.sep not in name:
+        return name, path
+    return os.path.basename(os.path.normpath(spec)) or spec, spec
+
+
+def _split_gguf(path: str, gguf_file: str | None) -> tuple[str, str | None]:
+    if gguf_file is None and path.endswith(".gguf"):
+        return os.path.dirname(path) or ".", os.path.basename(path)
+    return path, gguf_file
+
+
+def load_model(path: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str | None = None,
+               attn_implementation: str | None = None) -> Any:
+    """``AutoModelForCausalLM.from_pretrained`` in eval mode; a GGUF file is loaded dequantized."""
+    import torch
+    from transformers import AutoModelForCausalLM, GgufConfig
+
+    path, gguf_file = _split_gguf(path, gguf_file)
+    kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
+    if attn_implementation is not None:
+        kwargs["attn_implementation"] = attn_implementation
+    if gguf_file is not None:
+        kwargs.update(gguf_file=gguf_file, quantization_config=GgufConfig(dequantize=True))
+    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    return model.to(device).eval()
+
+
+def load_tokenizer(path: str, gguf_file: str | None = None) -> Any:
+    from transformers import AutoTokenizer
+
+    path, gguf_file = _split_gguf(path, gguf_file)
+    return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+
+
+def _import_plugin() -> None:
+    """Import hf_posenc so patched checkpoints (their model types) load; tell the user when that fails."""
+    try:
+        import hf_posenc  # noqa: F401
+    except ImportError as err:
+        print(f"hf-posenc eval: warning: `import hf_posenc` failed ({err}); checkpoints patched by hf-posenc will "
+              "not load, stock checkpoints still do.", file=sys.stderr)
+
+
+def run_eval(args: argparse.Namespace) -> int:
+    """Run ``hf-posenc eval``; returns the exit status (errors raise ``ValueError``/``OSError`` with the fix)."""
+    from .report import write_report
+    from .runner import evaluate, expand_tasks
+
+    tasks = expand_tasks(args.tasks)
+    text = None
+    if "ppl" in tasks:
+        if not args.text:
+            raise ValueError("the ppl task needs --text FILE (a UTF-8 text longer than the largest --lengths)")
+        with open(args.text, encoding="utf-8") as f:
+            text = f.read()
+        if not text.strip():
+            raise ValueError(f"{args.text} is empty; --text needs a long UTF-8 text")
+    specs = [parse_model_spec(s) for s in args.models]
+    names = [n for n, _ in specs]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names {names} repeat; name them with NAME=PATH")
+    _import_plugin()
+    shared_tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    result = None
+    for name, path in specs:  # one model in memory at a time
+        print(f"loading {name} from {path}...", file=sys.stderr)
+        model = load_model(path, args.gguf_file, dtype=args.dtype, device=args.device,
+                           attn_implementation=args.attn_implementation)
+        tokenizer = shared_tokenizer or load_tokenizer(path, args.gguf_file)
+        part = evaluate(
+            {name: model}, tokenizer, tasks, args.lengths, args.depths, text=text, stride=args.stride,
+            max_tokens=args.max_tokens, trials=args.trials, seed=args.seed, num_distractors=args.distractors,
+            num_values=args.values, max_new_tokens=args.max_new_tokens, fast=not args.full_logits,
+            chunk_size=args.chunk_size, progress=not args.no_progress,
+        )
+        result = part if result is None else result.merge(part)
+        del model
+    result.settings["text"] = args.text
+    for path in write_report(result, args.out):
+        print(path)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Stand-alone entry (``python -m hf_posenc.evaluation.cli``) until the lead mounts the sub-command."""
+    parser = add_eval_arguments(argparse.ArgumentParser(prog="hf-posenc eval", description=__doc__))
+    args = parser.parse_args(argv)
+    try:
+        return run_eval(args)
+    except (ValueError, TypeError, OSError) as exc:
+        print(f"hf-posenc eval: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,93 @@
+"""Passkey retrieval in the format of Landmark attention (Mohtashami & Jaggi, 2023).
+
+The prompt is five lines joined by ``"\\n"``: the task description, filler before the needle, the needle, filler
+after it, and the question. The filler is the sentence block :data:`FILLER` repeated (joined by spaces) and cut
+to a number of characters; like the original, both filler parts are prefixes of that same repetition. The depth
+``d`` puts ``round(d · n)`` of the ``n`` filler characters before the needle, and ``n`` is the largest amount whose
+prompt fits the target token length. The model decodes greedily and is right when the first integer it writes is
+the key (exact match).
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from .prompting import largest_fitting
+
+TASK_DESCRIPTION = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+    "I will quiz you about the important information there."
+)
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
+QUESTION = "What is the pass key? The pass key is"
+KEY_RANGE = (1, 50000)
+#: Greedy tokens decoded by default (a 5-digit key plus room for a leading space on digit-wise tokenizers).
+MAX_NEW_TOKENS = 10
+
+
+def filler_text(num_chars: int) -> str:
+    """The first ``num_chars`` characters of ``FILLER`` repeated and joined by single spaces."""
+    if num_chars < 0:
+        raise ValueError(f"num_chars must be >= 0, got {num_chars}")
+    repeats = num_chars // (len(FILLER) + 1) + 1
+    return " ".join([FILLER] * repeats)[:num_chars]
+
+
+def passkey_prompt(prefix_chars: int, suffix_chars: int, key: int) -> str:
+    """The exact prompt with ``prefix_chars`` filler characters before the needle and ``suffix_chars`` after it."""
+    lines = [TASK_DESCRIPTION, filler_text(prefix_chars), NEEDLE.format(key=key), filler_text(suffix_chars), QUESTION]
+    return "\n".join(lines)
+
+
+def random_key(rng: random.Random) -> int:
+    """A key drawn uniformly from 1..50000 (inclusive), as in the original."""
+    return rng.randint(*KEY_RANGE)
+
+
+@dataclass
+class PasskeyPrompt:
+    """One passkey prompt: its text, key, token count and how the filler was split."""
+
+    text: str
+    key: int
+    tokens: int
+    depth: float
+    prefix_chars: int
+    suffix_chars: int
+
+    @property
+    def answers(self) -> list[str]:
+        return [str(self.key)]
+
+
+def _check_depth(depth: float) -> float:
+    depth = float(depth)
+    if not 0.0 <= depth <= 1.0:
+        raise ValueError(f"depth is the fraction of filler before the needle and must lie in [0, 1], got {depth}")
+    return depth
+
+
+def build_passkey_prompt(tokenizer: Any, length: int, depth: float, key: int) -> PasskeyPrompt:
+    """The longest passkey prompt with at most ``length`` tokens and the needle at ``depth`` of the filler."""
+    depth = _check_depth(depth)
+    if not KEY_RANGE[0] <= int(key) <= KEY_RANGE[1]:
+        raise ValueError(f"key must be an integer in {KEY_RANGE[0]}..{KEY_RANGE[1]}, got {key}")
+
+    def build(n: int) -> str:
+        prefix = round(depth * n)
+        return passkey_prompt(prefix, n - prefix, key)
+
+    n, text, tokens = largest_fitting(build, tokenizer, length, "passkey")
+    prefix = round(depth * n)
+    return PasskeyPrompt(text=text, key=int(key), tokens=tokens, depth=depth, prefix_chars=prefix,
+                         suffix_chars=n - prefix)
+
+
+def score_passkey(output: str, key: int) -> bool:
+    """Exact match: the first integer in the generated text equals the key."""
+    match = re.search(r"\d+", output)
+    return match is not None and int(match.group()) == int(key)

