@@ -1,4 +1,4 @@
-"""The ``hf-posenc`` command line: info, patch, export, demo, eval, diagnose."""
+"""The ``hf-posenc`` command line: info, patch, export, demo, train, eval, diagnose."""
 
 from __future__ import annotations
 
@@ -123,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=20)
     p.set_defaults(func=cmd_demo)
 
+    _mount(sub, "train", "PEFT context-extension fine-tuning from a recipe (recipes/*.yaml)",
+           "hf_posenc.training.cli", "add_train_arguments", "run_train")
     _mount(sub, "eval", "sliding-window perplexity, passkey and needle tasks at several lengths",
            "hf_posenc.evaluation.cli", "add_eval_arguments", "run_eval")
     _mount(sub, "diagnose", "the papers' analyses (frequency usage, positional heads, disentanglement, ...)",
@@ -131,6 +133,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["train"]:  # `train RECIPE key=value ... --resume`: flags may follow the overrides
+        from .training.cli import main as train_main
+
+        return train_main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -31,6 +31,14 @@ def split_gguf(path: str | os.PathLike, gguf_file: str | None = None) -> tuple[s
     return path, gguf_file
 
 
+def parse_model_spec(spec: str) -> tuple[str, str]:
+    """A command-line model argument: ``NAME=PATH`` or ``PATH`` (named after its last path component)."""
+    name, sep, path = spec.partition("=")
+    if sep and name and path and os.sep not in name:
+        return name, path
+    return os.path.basename(os.path.normpath(spec)) or spec, spec
+
+
 def load_model(path: str | os.PathLike, gguf_file: str | None = None, **kwargs: Any):
     """``AutoModelForCausalLM.from_pretrained``; a GGUF file is loaded dequantized (so it can be saved/trained)."""
     from transformers import AutoModelForCausalLM, GgufConfig

@@ -6,52 +6,33 @@ import pytest
 import torch
 
 import hf_posenc
-from tiny import ARCHS, arch_backend_pairs, backends, random_ids, tiny_model
+from tiny import ARCHS, arch_backend_pairs, backends, greedy_without_cache, logits, padded_batch, random_ids, tiny_model
 
 IDENTITY = [("cope", {"clip_low_n": 0}), ("hardclip", {"clip_low_n": 0}), ("prope", {"p": 1.0}), ("rope", {})]
 ACTIVE = [("cope", {"clip_low_n": 3}), ("hardclip", {"clip_low_n": 3}), ("prope", {"p": 0.5}),
           ("rope", {"rope_theta": 500.0, "scaling": "yarn", "factor": 2.0})]
 
 
-def logits(model, ids, mask=None):
-    with torch.no_grad():  # flex_attention has no CPU backward
-        return model(ids, attention_mask=mask).logits
-
-
-def padded_batch():
-    ids = random_ids(2, 20)
-    mask = torch.ones_like(ids)
-    mask[0, :5] = 0
-    return ids, mask
-
-
 @pytest.mark.parametrize("arch, backend", arch_backend_pairs())
 def test_identity_settings_are_bitwise_equal(arch, backend):
     ids, mask = padded_batch()
-    reference = logits(tiny_model(arch, backend), ids, mask)
+    reference = logits(tiny_model(arch, backend), ids, attention_mask=mask)
     for scheme, options in IDENTITY:
         model = hf_posenc.patch_model(tiny_model(arch, backend), scheme, layers="all", **options)
-        assert torch.equal(logits(model, ids, mask), reference), (scheme, options)
+        assert torch.equal(logits(model, ids, attention_mask=mask), reference), (scheme, options)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_schemes_run_on_every_backend_and_agree(arch):
     ids, mask = padded_batch()
-    unpatched = logits(tiny_model(arch, "eager"), ids, mask)
+    unpatched = logits(tiny_model(arch, "eager"), ids, attention_mask=mask)
     for scheme, options in ACTIVE:
-        outs = {b: logits(hf_posenc.patch_model(tiny_model(arch, b), scheme, **options), ids, mask)
+        outs = {b: logits(hf_posenc.patch_model(tiny_model(arch, b), scheme, **options), ids, attention_mask=mask)
                 for b in backends(arch)}
         assert not torch.allclose(outs["eager"], unpatched), f"{scheme} changed nothing"
         real = mask.bool()  # padded query rows are garbage by design and differ between backends
         for backend, out in outs.items():
             torch.testing.assert_close(out[real], outs["eager"][real], rtol=1e-4, atol=1e-4)
-
-
-def greedy_without_cache(model, ids, steps):
-    for _ in range(steps):
-        nxt = logits(model, ids)[:, -1].argmax(-1, keepdim=True)
-        ids = torch.cat([ids, nxt], dim=-1)
-    return ids
 
 
 @pytest.mark.parametrize("arch, backend", arch_backend_pairs(("eager", "sdpa")))

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import hf_posenc
-from tiny import random_ids, tiny_model
+from tiny import greedy_without_cache, logits, random_ids, tiny_model
 
 FAMILIES = ["llama", "qwen2", "qwen3", "gemma"]
 NO_SOFTCAP = {"attn_logit_softcapping": None, "final_logit_softcapping": None}
@@ -17,11 +17,6 @@ def tapa_model(arch, backend="reference", seed=0, **config):
         return hf_posenc.patch_model(tiny_model(arch, seed=seed, **config), "tapa", backend=backend)
 
 
-def logits(model, ids, **kw):
-    with torch.no_grad():
-        return model(ids, **kw).logits
-
-
 @pytest.mark.parametrize("arch", FAMILIES)
 def test_kernel_path_equals_reference_path(arch):
     ids = random_ids(2, 20)
@@ -32,12 +27,6 @@ def test_kernel_path_equals_reference_path(arch):
     real = mask.bool()
     torch.testing.assert_close(fast[real], ref[real], rtol=1e-4, atol=1e-4)
     assert not torch.allclose(ref, logits(tiny_model(arch), ids, attention_mask=mask))
-
-
-def greedy_without_cache(model, ids, steps):
-    for _ in range(steps):
-        ids = torch.cat([ids, logits(model, ids)[:, -1].argmax(-1, keepdim=True)], dim=-1)
-    return ids
 
 
 @pytest.mark.parametrize("arch", FAMILIES)

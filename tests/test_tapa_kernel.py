@@ -1,7 +1,8 @@
 """TAPA attention: reference vs an independent float64 evaluation of eq. (12)/(16), reference gradients
 vs finite differences, and the Triton kernel (run under TRITON_INTERPRET=1 on CPU) vs the reference on
 fresh random inputs: GQA, ragged lengths, causal/non-causal, key padding, segment ids, decode, both
-phase modes, non-default α/θ."""
+phase modes, non-default α/θ, sliding windows (including checks that keys / queries outside every
+window are never read)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from hf_posenc.kernels.tapa import (
     tapa_split,
     uses_triton,
 )
-from hf_posenc.kernels.tapa.triton_tapa import use_decode_path
+from hf_posenc.kernels.tapa.triton_tapa import _configs, use_decode_path
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -35,8 +36,11 @@ def _qkv(B, Hq, Hkv, Lq, Lk, D, dtype=torch.float32, seed=0, grad=False):
     return q, k, v
 
 
-def _direct_eq12(q, k, v, *, alpha, theta, phase, causal, q_pos, k_pos, kpm=None, q_seg=None, k_seg=None):
-    """Element-by-element float64 evaluation of eq. (12) (or eq. 16), written without the reference."""
+def _direct_eq12(q, k, v, *, alpha, theta, phase, causal, q_pos, k_pos, kpm=None, q_seg=None, k_seg=None,
+                 window=None):
+    """Element-by-element float64 evaluation of eq. (12) (or eq. 16), written without the reference;
+    `window` is Transformers' sliding-window rule (query i is key i + Lk − Lq; it sees key j iff
+    i + Lk − Lq − j < window)."""
     B, Hq, Lq, D = q.shape
     Hkv, Lk = k.shape[1], k.shape[2]
     da = int(round(theta * D))
@@ -58,6 +62,7 @@ def _direct_eq12(q, k, v, *, alpha, theta, phase, causal, q_pos, k_pos, kpm=None
                     ok = (not causal) or j <= i + (Lk - Lq)
                     ok = ok and (kpm is None or bool(kpm[b, j]))
                     ok = ok and (q_seg is None or int(q_seg[b, i]) == int(k_seg[b, j]))
+                    ok = ok and (window is None or (i + Lk - Lq) - j < window)
                     keep.append(ok)
                 if not any(keep):
                     continue
@@ -97,6 +102,7 @@ def _left_padded(lengths, Lmax, offset=0):
 # --------------------------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("window", [None, 3])
 @pytest.mark.parametrize(
     "kw",
     [
@@ -104,7 +110,7 @@ def _left_padded(lengths, Lmax, offset=0):
         dict(alpha=0.7, theta=0.25, phase="linear", causal=False),
     ],
 )
-def test_reference_matches_direct_float64(kw):
+def test_reference_matches_direct_float64(kw, window):
     q, k, v = _qkv(2, 4, 2, 5, 7, 8, dtype=torch.float64, seed=3)
     q = q * 1.5  # larger phases: several turns, so range reduction is exercised
     k_pos = torch.tensor([[0, 1, 2, 3, 4, 5, 6], [100, 103, 104, 107, 111, 112, 130]])
@@ -113,7 +119,8 @@ def test_reference_matches_direct_float64(kw):
     q_seg = torch.tensor([[0, 0, 1, 1, 1], [0, 0, 0, 0, 0]])
     k_seg = torch.tensor([[0, 0, 0, 0, 1, 1, 1], [0] * 7])
     extra = dict(q_positions=q_pos, k_positions=k_pos, key_padding_mask=kpm, q_segment_ids=q_seg, k_segment_ids=k_seg)
-    want = _direct_eq12(q, k, v, q_pos=q_pos, k_pos=k_pos, kpm=kpm, q_seg=q_seg, k_seg=k_seg, **kw)
+    want = _direct_eq12(q, k, v, q_pos=q_pos, k_pos=k_pos, kpm=kpm, q_seg=q_seg, k_seg=k_seg, window=window, **kw)
+    extra["sliding_window"] = window
     got64 = tapa_attention_reference(q, k, v, **kw, **extra)
     torch.testing.assert_close(got64, want, atol=1e-10, rtol=1e-10)
     got32 = tapa_attention_reference(q.float(), k.float(), v.float(), **kw, **extra)
@@ -156,6 +163,16 @@ KERNEL_CASES = {
     "decode-1": (dict(), (2, 4, 2, 1, 50, 32)),
     "decode-3-gqa3": (dict(), (1, 3, 1, 3, 50, 32)),
     "decode-3-linear-noncausal": (dict(phase="linear", causal=False), (1, 4, 2, 3, 50, 32)),
+    # sliding windows (interpreter blocks are 16 wide: 1 < block, 7 straddles block edges, 16 = block)
+    "window1-gqa2-37": (dict(sliding_window=1), (1, 4, 2, 37, 37, 32)),
+    "window7-gqa3-70": (dict(sliding_window=7), (1, 3, 1, 70, 70, 32)),
+    "window16-70": (dict(sliding_window=16), (1, 2, 1, 70, 70, 32)),
+    "window7-chunked-37-70": (dict(sliding_window=7), (1, 2, 1, 37, 70, 32)),
+    "window16-noncausal-37-70": (dict(sliding_window=16, causal=False), (1, 2, 1, 37, 70, 32)),
+    "window36-edge-37": (dict(sliding_window=36), (1, 2, 1, 37, 37, 32)),  # one key short of inert
+    "window7-linear": (dict(sliding_window=7, phase="linear"), (1, 2, 1, 37, 37, 32)),
+    "window8-decode-1-gqa2": (dict(sliding_window=8), (1, 4, 2, 1, 50, 32)),
+    "window8-decode-3-gqa3": (dict(sliding_window=8), (1, 3, 1, 3, 50, 32)),
 }
 
 
@@ -170,8 +187,9 @@ def test_decode_shapes_take_decode_path():
     assert not use_decode_path(17, 1) and not use_decode_path(37, 2)
 
 
+@pytest.mark.parametrize("window", [None, 7])
 @pytest.mark.parametrize("lq", [37, 3])
-def test_kernel_key_padding_and_segments(lq):
+def test_kernel_key_padding_and_segments(lq, window):
     B, Lk = 2, 45
     kpm, k_pos = _left_padded([30, 45], Lk)
     k_seg = torch.zeros(B, Lk, dtype=torch.long)
@@ -180,7 +198,7 @@ def test_kernel_key_padding_and_segments(lq):
     k_seg[1, 38:] = 2
     kw = dict(
         key_padding_mask=kpm, k_positions=k_pos, q_positions=k_pos[:, Lk - lq :],
-        k_segment_ids=k_seg, q_segment_ids=k_seg[:, Lk - lq :],
+        k_segment_ids=k_seg, q_segment_ids=k_seg[:, Lk - lq :], sliding_window=window,
     )
     _check(kw, B, 4, 2, lq, Lk, 32, seed=11 + lq)
 
@@ -213,11 +231,11 @@ def test_packed_segments_equal_separate_runs():
         torch.testing.assert_close(out[:, :, sl], alone, atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("lq", [1, 3])
-def test_decode_rows_equal_full_pass(lq):
+@pytest.mark.parametrize("lq, window", [(1, None), (3, None), (3, 8)])
+def test_decode_rows_equal_full_pass(lq, window):
     q, k, v = _qkv(2, 4, 2, 40, 40, 32, seed=51)
     kpm, pos = _left_padded([29, 40], 40, offset=70_000)  # large absolute positions: only distances matter
-    kw = dict(key_padding_mask=kpm, k_positions=pos)
+    kw = dict(key_padding_mask=kpm, k_positions=pos, sliding_window=window)
     full = tapa_attention_triton(q, k, v, q_positions=pos, **kw)
     step = tapa_attention_triton(q[:, :, -lq:], k, v, q_positions=pos[:, -lq:], **kw)
     torch.testing.assert_close(step, full[:, :, -lq:], atol=1e-5, rtol=1e-5)
@@ -232,6 +250,79 @@ def test_kernel_empty_rows_zero_and_finite_grads():
     grads = torch.autograd.grad(out.sum(), (q, k, v))
     assert all(torch.isfinite(g).all() for g in grads)
     assert grads[0][:, :, :6].abs().max() == 0
+
+
+@pytest.mark.parametrize("fn", [tapa_attention_reference, tapa_attention_triton])
+def test_window_covering_all_keys_equals_no_window(fn):
+    q, k, v = _qkv(1, 2, 1, 21, 37, 32, seed=65)
+    base = fn(q, k, v)
+    for w in (37, 1000):
+        assert torch.equal(fn(q, k, v, sliding_window=w), base)
+    assert not torch.allclose(fn(q, k, v, sliding_window=36), base)  # one key fewer does change rows
+
+
+def _first_key_read(start, off, window, block_n):
+    """First key a forward / dQ tile starting at query `start` reads with a window (kernel block rule)."""
+    return (max(start + off - window + 1, 0) // block_n) * block_n
+
+
+def test_window_skips_keys_left_of_every_window():
+    """Keys before a tile's window are never loaded: NaN there must not reach the rows (fwd and dQ)."""
+    B, Hq, Hkv, L, D, W, bad = 1, 2, 1, 70, 32, 7, 16
+    q, k, v = _qkv(B, Hq, Hkv, L, L, D, seed=66, grad=True)
+    ref = tapa_attention_reference(q, k, v, sliding_window=W)
+    do = torch.randn(ref.shape, generator=torch.Generator().manual_seed(67))
+    dq_ref = torch.autograd.grad(ref, q, do)[0]
+    k_bad, v_bad = k.detach().clone(), v.detach().clone()
+    k_bad[:, :, :bad] = float("nan")
+    v_bad[:, :, :bad] = float("nan")
+    q_in = q.detach().clone().requires_grad_(True)
+    out = tapa_attention_triton(q_in, k_bad, v_bad, sliding_window=W)
+    bm, bn = _configs(D)["fwd"][:2]
+    clean = [i for i in range(L) if _first_key_read((i // bm) * bm, 0, W, bn) >= bad]
+    assert len(clean) >= 32  # the check has teeth: most rows lie in tiles that skip the poisoned block
+    torch.testing.assert_close(out[:, :, clean], ref[:, :, clean].detach(), atol=3e-4, rtol=3e-4)
+    dq = torch.autograd.grad(out, q_in, do)[0]
+    bm, bn = _configs(D)["dq"][:2]
+    clean = [i for i in range(L) if _first_key_read((i // bm) * bm, 0, W, bn) >= bad]
+    assert len(clean) >= 32
+    torch.testing.assert_close(dq[:, :, clean], dq_ref[:, :, clean], atol=3e-3, rtol=3e-3)
+
+
+def test_window_dkdv_skips_queries_past_the_window():
+    """The dK/dV kernel never reads query rows past a key block's window: NaN there stays out."""
+    B, Hq, Hkv, L, D, W, bad = 1, 2, 1, 70, 32, 7, 48
+    q, k, v = _qkv(B, Hq, Hkv, L, L, D, seed=68, grad=True)
+    do = torch.randn(B, Hq, L, D, generator=torch.Generator().manual_seed(69))
+    ref = tapa_attention_reference(q, k, v, sliding_window=W)
+    dk_ref, dv_ref = torch.autograd.grad(ref, (k, v), do)
+    q_bad, do_bad = q.detach().clone(), do.clone()
+    q_bad[:, :, bad:] = float("nan")
+    do_bad[:, :, bad:] = float("nan")
+    k_in, v_in = k.detach().clone().requires_grad_(True), v.detach().clone().requires_grad_(True)
+    out = tapa_attention_triton(q_bad, k_in, v_in, sliding_window=W)
+    dk, dv = torch.autograd.grad(out, (k_in, v_in), do_bad)
+    bm, bn = _configs(D)["dkdv"][:2]
+    # key block [s, s + bn) reads query rows < ceil((s + bn − 1 + W) / bm)·bm
+    clean = [j for j in range(L) if -(-((j // bn) * bn + bn - 1 + W) // bm) * bm <= bad]
+    assert len(clean) >= 16
+    torch.testing.assert_close(dk[:, :, clean], dk_ref[:, :, clean], atol=3e-3, rtol=3e-3)
+    torch.testing.assert_close(dv[:, :, clean], dv_ref[:, :, clean], atol=3e-3, rtol=3e-3)
+
+
+def test_window_decode_reads_only_the_window():
+    """Decode splits cover only the key blocks that hold the window: NaN keys before them are harmless."""
+    q, k, v = _qkv(1, 4, 2, 1, 200, 32, seed=70)
+    W = 8
+    ref = tapa_attention_reference(q, k, v, sliding_window=W)
+    bn = _configs(32)["decode_n"][0]
+    first = ((200 - 1 - W + 1) // bn) * bn
+    assert first >= 128
+    k_bad, v_bad = k.clone(), v.clone()
+    k_bad[:, :, :first] = float("nan")
+    v_bad[:, :, :first] = float("nan")
+    out = tapa_attention_triton(q, k_bad, v_bad, sliding_window=W)
+    torch.testing.assert_close(out, ref, atol=3e-4, rtol=3e-4)
 
 
 def test_dispatch():
@@ -265,7 +356,7 @@ def test_tapa_split_empty_part():
         tapa_split(64, 1e-9)  # rounds to 0 amplitude dims
 
 
-@pytest.mark.parametrize("fn", [tapa_attention_reference, tapa_attention_triton])
+@pytest.mark.parametrize("fn", [tapa_attention_reference, tapa_attention_triton, tapa_attention])
 def test_bad_arguments(fn):
     q, k, v = _qkv(2, 4, 2, 6, 8, 16, seed=81)
     with pytest.raises(ValueError, match="multiple"):
@@ -292,6 +383,12 @@ def test_bad_arguments(fn):
         fn(q, k, v, q_segment_ids=torch.zeros(2, 6, dtype=torch.long))
     with pytest.raises(ValueError, match="4-D"):
         fn(q[0], k, v)
+    for bad in (0, -1):
+        with pytest.raises(ValueError, match="sliding_window must be >= 1"):
+            fn(q, k, v, sliding_window=bad)
+    for bad in (2.5, True, "8"):
+        with pytest.raises(TypeError, match="sliding_window must be a positive int"):
+            fn(q, k, v, sliding_window=bad)
 
 
 def test_benchmark_smoke(tmp_path):

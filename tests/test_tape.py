@@ -8,12 +8,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.schemes.tape import TapeBlock
-from tiny import ARCHS, arch_backend_pairs, random_ids, tiny_model
-
-
-def logits(model, ids, **kw):
-    with torch.no_grad():
-        return model(ids, **kw).logits
+from tiny import ARCHS, arch_backend_pairs, greedy_without_cache, logits, padded_batch, random_ids, tiny_model
 
 
 def tape_blocks(model):
@@ -26,13 +21,6 @@ def perturb(model, seed=0, std=0.3):
         for p in block.parameters():
             p.data = torch.randn(p.shape, generator=g) * std
     return model
-
-
-def padded_batch():
-    ids = random_ids(2, 18)
-    mask = torch.ones_like(ids)
-    mask[0, :4] = 0
-    return ids, mask
 
 
 @pytest.mark.parametrize("arch, backend", arch_backend_pairs())
@@ -111,13 +99,6 @@ def test_training_only_tape_parameters_reduces_the_loss():
         losses.append(loss.item())
     # the positional states alone move a random tiny model slowly, but every step must help
     assert all(b < a for a, b in zip(losses, losses[1:])) and losses[-1] < losses[0] - 2e-3, losses
-
-
-def greedy_without_cache(model, ids, steps):
-    for _ in range(steps):
-        nxt = logits(model, ids)[:, -1].argmax(-1, keepdim=True)
-        ids = torch.cat([ids, nxt], dim=-1)
-    return ids
 
 
 @pytest.mark.parametrize("arch, backend", arch_backend_pairs(("eager", "sdpa")))

@@ -57,3 +57,24 @@ def backends(arch: str, candidates=("eager", "sdpa", "flex_attention")) -> list[
 
 def arch_backend_pairs(candidates=("eager", "sdpa", "flex_attention")) -> list[tuple[str, str]]:
     return [(a, b) for a in ARCHS for b in backends(a, candidates)]
+
+
+def logits(model, ids, **kw):
+    """Logits without autograd (flex_attention has no CPU backward)."""
+    with torch.no_grad():
+        return model(ids, **kw).logits
+
+
+def padded_batch(length: int = 20, pads: int = 5):
+    """Two random rows, the first left-padded with ``pads`` masked tokens."""
+    ids = random_ids(2, length)
+    mask = torch.ones_like(ids)
+    mask[0, :pads] = 0
+    return ids, mask
+
+
+def greedy_without_cache(model, ids, steps):
+    """Greedy decoding by full forward passes: what cached generation must reproduce."""
+    for _ in range(steps):
+        ids = torch.cat([ids, logits(model, ids)[:, -1].argmax(-1, keepdim=True)], dim=-1)
+    return ids

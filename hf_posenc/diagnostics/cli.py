@@ -13,6 +13,8 @@ import os
 import sys
 from typing import Any
 
+from ..models import parse_model_spec
+
 ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
 
 
@@ -77,14 +79,6 @@ def add_diagnose_arguments(parser: argparse.ArgumentParser) -> argparse.Argument
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
     return parser
-
-
-def parse_model_spec(spec: str) -> tuple[str, str]:
-    """``NAME=PATH`` or ``PATH`` (named after its last path component)."""
-    name, sep, path = spec.partition("=")
-    if sep and name and path and os.sep not in name:
-        return name, path
-    return os.path.basename(os.path.normpath(spec)) or spec, spec
 
 
 def _run_model(model: Any, ids: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:

@@ -9,9 +9,10 @@ Each MODEL is a directory, Hub id or ``.gguf`` file, optionally named ``NAME=PAT
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from typing import Any
+
+from ..models import parse_model_spec, split_gguf
 
 from .runner import DEFAULT_DEPTHS, TASKS
 
@@ -70,27 +71,13 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
     return parser
 
 
-def parse_model_spec(spec: str) -> tuple[str, str]:
-    """``NAME=PATH`` or ``PATH`` (named after its last path component)."""
-    name, sep, path = spec.partition("=")
-    if sep and name and path and os.sep not in name:
-        return name, path
-    return os.path.basename(os.path.normpath(spec)) or spec, spec
-
-
-def _split_gguf(path: str, gguf_file: str | None) -> tuple[str, str | None]:
-    if gguf_file is None and path.endswith(".gguf"):
-        return os.path.dirname(path) or ".", os.path.basename(path)
-    return path, gguf_file
-
-
 def load_model(path: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str | None = None,
                attn_implementation: str | None = None) -> Any:
     """``AutoModelForCausalLM.from_pretrained`` in eval mode; a GGUF file is loaded dequantized."""
     import torch
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    path, gguf_file = _split_gguf(path, gguf_file)
+    path, gguf_file = split_gguf(path, gguf_file)
     kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
@@ -104,7 +91,7 @@ def load_model(path: str, gguf_file: str | None = None, *, dtype: str = "auto", 
 def load_tokenizer(path: str, gguf_file: str | None = None) -> Any:
     from transformers import AutoTokenizer
 
-    path, gguf_file = _split_gguf(path, gguf_file)
+    path, gguf_file = split_gguf(path, gguf_file)
     return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
 
 

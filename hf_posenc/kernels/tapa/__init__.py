@@ -5,9 +5,11 @@ TRITON_INTERPRET=1 is set (CPU tests), and to the eager PyTorch reference otherw
 
     tapa_attention(q, k, v, *, alpha=0.1, theta=0.5, phase="quadratic", causal=True,
                    q_positions=None, k_positions=None, key_padding_mask=None,
-                   q_segment_ids=None, k_segment_ids=None) -> out
+                   q_segment_ids=None, k_segment_ids=None, sliding_window=None) -> out
 
 with q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D] (Hq % Hkv == 0, Lq <= Lk, queries = last Lq keys).
+sliding_window=W (int >= 1) is Transformers' sliding-window causal mask: query i (key index
+i + Lk − Lq) sees key j only if i + Lk − Lq − j < W.
 """
 
 from __future__ import annotations
@@ -48,12 +50,14 @@ def tapa_attention(
     key_padding_mask: torch.Tensor | None = None,
     q_segment_ids: torch.Tensor | None = None,
     k_segment_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """TAPA attention (eq. 12, or eq. 16 with phase="linear"): Triton kernel on CUDA / interpreter,
     eager reference otherwise (and for float64 inputs, which the kernel does not take)."""
     kwargs = dict(
         alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions, k_positions=k_positions,
         key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids, k_segment_ids=k_segment_ids,
+        sliding_window=sliding_window,
     )
     if isinstance(q, torch.Tensor) and uses_triton(q) and q.dtype != torch.float64:
         return tapa_attention_triton(q, k, v, **kwargs)

@@ -18,6 +18,10 @@ Conventions shared with the kernel:
   cached decoding reproduce the scores of one unpadded pass.
 - key_padding_mask [B, Lk] (True = attend) and segment ids (keys visible only inside their segment)
   remove keys; a query row with no visible key returns zeros.
+- sliding_window W (Transformers' sliding-window causal mask, e.g. Mistral / Gemma local layers): with
+  the absolute query index i_abs = i + (Lk − Lq), key j is visible only if i_abs − j < W, on top of
+  causality, padding and segments. Like the causal mask it counts sequence indices, not positions.
+  With causal=False only this left bound applies. W >= Lk removes nothing.
 - The phase is evaluated in turns with range reduction, t = d^α·c_P·φ, r = t − round(t),
   cos(2π r), so fp16/bf16 runs keep long distances accurate; everything accumulates in fp32
   (float64 inputs stay float64).
@@ -26,6 +30,7 @@ Conventions shared with the kernel:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -76,6 +81,7 @@ class TapaArgs:
     key_padding_mask: torch.Tensor | None  # bool [B, Lk]
     q_segment_ids: torch.Tensor | None  # int64 [B, Lq]
     k_segment_ids: torch.Tensor | None  # int64 [B, Lk]
+    sliding_window: int | None = None  # keys with i_abs − j >= W are invisible
 
 
 def _check_index_tensor(name: str, t: torch.Tensor, shape: tuple[int, int], device: torch.device) -> torch.Tensor:
@@ -88,6 +94,22 @@ def _check_index_tensor(name: str, t: torch.Tensor, shape: tuple[int, int], devi
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but q is on {device}; move it with .to(q.device)")
     return t.long()
+
+
+def _check_sliding_window(sliding_window: object) -> int | None:
+    if sliding_window is None:
+        return None
+    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral):
+        raise TypeError(
+            f"sliding_window must be a positive int (number of keys a query sees, itself included) or None, "
+            f"got {sliding_window!r} of type {type(sliding_window).__name__}"
+        )
+    if sliding_window <= 0:
+        raise ValueError(
+            f"sliding_window must be >= 1 (with causal=True, 1 = each query sees only its own key) "
+            f"or None for no window, got {sliding_window}"
+        )
+    return int(sliding_window)
 
 
 def validate_tapa_args(
@@ -104,8 +126,11 @@ def validate_tapa_args(
     key_padding_mask: torch.Tensor | None,
     q_segment_ids: torch.Tensor | None,
     k_segment_ids: torch.Tensor | None,
+    sliding_window: int | None = None,
 ) -> TapaArgs:
-    """Check shapes, dtypes and options; fill in default positions. Raises TypeError / ValueError."""
+    """Check shapes, dtypes and options; fill in default positions. Raises TypeError / ValueError.
+
+    sliding_window must be None or an int >= 1 (a bool or float raises TypeError, <= 0 ValueError)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
@@ -143,6 +168,7 @@ def validate_tapa_args(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     amp, ph = tapa_split(D, theta)
+    window = _check_sliding_window(sliding_window)
 
     if q_positions is not None and k_positions is None:
         raise ValueError("q_positions given without k_positions; pass both (distances need key positions)")
@@ -183,17 +209,21 @@ def validate_tapa_args(
         key_padding_mask=kpm,
         q_segment_ids=qs,
         k_segment_ids=ks,
+        sliding_window=window,
     )
 
 
 def visibility_mask(args: TapaArgs, Lq: int, Lk: int, device: torch.device) -> torch.Tensor:
-    """Bool [B, 1, Lq, Lk]: True where query i may attend to key j (causal, padding, segments)."""
+    """Bool [B, 1, Lq, Lk]: True where query i may attend to key j (causal, sliding window, padding,
+    segments). Query i is key index i_abs = i + (Lk − Lq)."""
     B = args.q_positions.shape[0]
     mask = torch.ones(B, 1, Lq, Lk, dtype=torch.bool, device=device)
+    i_abs = torch.arange(Lq, device=device)[:, None] + (Lk - Lq)
+    j = torch.arange(Lk, device=device)[None, :]
     if args.causal:
-        i = torch.arange(Lq, device=device)[:, None]
-        j = torch.arange(Lk, device=device)[None, :]
-        mask = mask & (j <= i + (Lk - Lq))
+        mask = mask & (j <= i_abs)
+    if args.sliding_window is not None:
+        mask = mask & (i_abs - j < args.sliding_window)
     if args.key_padding_mask is not None:
         mask = mask & args.key_padding_mask[:, None, None, :]
     if args.q_segment_ids is not None:
@@ -239,16 +269,19 @@ def tapa_attention_reference(
     key_padding_mask: torch.Tensor | None = None,
     q_segment_ids: torch.Tensor | None = None,
     k_segment_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """TAPA attention, eq. (12) (phase="quadratic") or eq. (16) (phase="linear"), in eager PyTorch.
 
     Materialises the [B, Hq, Lq, Lk] score matrix in fp32 (float64 for float64 inputs) and is
-    differentiable in q, k, v. Returns [B, Hq, Lq, D] in q's dtype; rows without any visible key are 0.
+    differentiable in q, k, v. `sliding_window` (int >= 1 or None) restricts query i to keys j with
+    i + (Lk − Lq) − j < sliding_window. Returns [B, Hq, Lq, D] in q's dtype; rows without any visible
+    key are 0.
     """
     args = validate_tapa_args(
         q, k, v, alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions,
         k_positions=k_positions, key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids,
-        k_segment_ids=k_segment_ids,
+        k_segment_ids=k_segment_ids, sliding_window=sliding_window,
     )
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     Lq, Lk = q.shape[2], k.shape[2]

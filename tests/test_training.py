@@ -1,0 +1,308 @@
+"""Tests of ``hf_posenc.training``: recipes, packing, chunked loss, end-to-end runs, resume, two processes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+import hf_posenc
+from hf_posenc.training import config as tcfg
+from hf_posenc.training.config import RecipeError, load_recipe
+from hf_posenc.training.data import IGNORE_INDEX, build_dataset, pack_concat, pack_restart
+from hf_posenc.training.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, shift_for_causal_lm
+from hf_posenc.training.trainer import read_log, run_training
+
+sys.path.insert(0, str(Path(__file__).parent))
+from tiny import tiny_config  # noqa: E402
+
+WORDS = "the a cat dog sat ran on under mat rug . and then slept quietly".split()
+REPO = Path(__file__).resolve().parent.parent
+
+
+# -- fixtures -------------------------------------------------------------------------------------------------
+def _corpus(n_docs: int, seed: int = 0) -> list[str]:
+    import random
+
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n_docs):
+        sentences = []
+        for _ in range(rng.randint(3, 8)):
+            animal, verb, place = rng.choice(["cat", "dog"]), rng.choice(["sat", "ran"]), rng.choice(["mat", "rug"])
+            sentences.append(f"the {animal} {verb} on the {place} .")
+        docs.append(" ".join(sentences))
+    return docs
+
+
+@pytest.fixture(scope="module")
+def workspace(tmp_path_factory):
+    """A WordLevel tokenizer, a tiny random Llama checkpoint and a .jsonl + .txt corpus in a temp dir."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
+
+    root = tmp_path_factory.mktemp("train")
+    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>"] + WORDS)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+    fast.save_pretrained(root / "model")
+    torch.manual_seed(0)
+    config = tiny_config("llama", vocab_size=len(vocab), max_position_embeddings=64, tie_word_embeddings=False)
+    AutoModelForCausalLM.from_config(config).save_pretrained(root / "model")
+    docs = _corpus(60)
+    (root / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
+    (root / "short.txt").write_text("the cat sat .")
+    return root
+
+
+def _recipe(ws: Path, out: str, **sections) -> dict:
+    data = {
+        "model": {"path": str(ws / "model"), "attn_implementation": "sdpa"},
+        "scheme": {"name": "cope"},
+        "context_length": 32,
+        "data": {"files": [str(ws / "corpus.jsonl")]},
+        "peft": {"r": 4, "alpha": 8, "trainable_norms": True, "trainable_embeddings": True},
+        "training": {"max_steps": 12, "learning_rate": 3e-2, "lr_scheduler_type": "constant", "save_steps": 4,
+                     "per_device_train_batch_size": 2, "logging_steps": 1, "use_cpu": True,
+                     "extra": {"disable_tqdm": True}},
+        "loss": {"chunk_size": 16},
+        "output": {"dir": str(ws / out)},
+    }
+    for key, value in sections.items():
+        data[key] = {**data.get(key, {}), **value} if isinstance(value, dict) else value
+    return data
+
+
+# -- recipes fail before loading any model ---------------------------------------------------------------------
+def test_bad_recipes_name_the_key_or_path(workspace, monkeypatch):
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded for a bad recipe")
+
+    monkeypatch.setattr("hf_posenc.training.trainer.load_base_model", no_load)
+    good = _recipe(workspace, "bad")
+    load_recipe(data=good)  # the base recipe is valid
+    cases = [
+        (["training.max_stepz=3"], "training.max_stepz"),
+        (["training.max_steps=ten"], "training.max_steps"),
+        (["peft.r=true"], "peft.r"),
+        (["data.packing=shuffle"], "data.packing"),
+        ([f"data.files=[{workspace}/missing.txt]"], "missing.txt"),
+        (["model.path=/nowhere/model"], "/nowhere/model"),
+        (["scheme.clip_low_n=-3"], "scheme"),
+        (["scheme.name=nope"], "scheme"),
+        (["training.extra.not_an_arg=1"], "training.extra.not_an_arg"),
+        (["liger.rope=true", "scheme.name=tapa"], "liger.rope"),
+        (["loss.implementation=liger"], "liger_kernel"),
+        (["bogus=1"], "bogus"),
+    ]
+    for overrides, needle in cases:
+        with pytest.raises(RecipeError, match=None) as info:
+            load_recipe(data=good, overrides=overrides)
+        assert needle in str(info.value), (overrides, str(info.value))
+    path = workspace / "bad.yaml"
+    path.write_text(yaml.safe_dump(good))
+    assert load_recipe(path, ["training.learning_rate=1e-5"]).training.learning_rate == 1e-5  # YAML 1.2 floats
+
+
+def test_liger_refusal_without_liger_and_for_tapa(workspace):
+    with pytest.raises(RecipeError, match="liger.rope.*tape|TAPE|liger.rope"):
+        load_recipe(data=_recipe(workspace, "x", scheme={"name": "tape"}, liger={"rope": True}))
+    with pytest.raises(RecipeError, match="liger_kernel"):
+        load_recipe(data=_recipe(workspace, "x", liger={"rms_norm": True}))
+
+
+def test_context_length_note_explains_plain_rope(workspace):
+    from hf_posenc.training.trainer import context_length_notes, load_model_config
+
+    recipe = load_recipe(data=_recipe(workspace, "x", scheme={"name": "rope"}, context_length=256))
+    notes = context_length_notes(recipe, load_model_config(recipe))
+    assert len(notes) == 1 and "max_position_embeddings=64" in notes[0] and "yarn" in notes[0]
+    for scheme in ({"name": "rope", "scaling": "yarn", "factor": 4.0}, {"name": "tapa"}, {"name": "rope",
+                                                                                         "rope_theta": 1e6}):
+        recipe = load_recipe(data=_recipe(workspace, "x", scheme=scheme, context_length=256))
+        notes = context_length_notes(recipe, load_model_config(recipe))
+        assert not notes or "ABF" in notes[0], (scheme, notes)
+
+
+def test_short_corpus_says_found_and_needed(workspace):
+    from transformers import AutoTokenizer
+
+    recipe = load_recipe(data=_recipe(workspace, "x", data={"files": [str(workspace / "short.txt")]}))
+    tok = AutoTokenizer.from_pretrained(workspace / "model")
+    with pytest.raises(RecipeError, match=r"5 tokens found.*32 needed"):
+        build_dataset(recipe.data, tok, 32)
+
+
+# -- packing ------------------------------------------------------------------------------------------------------
+def test_pack_restart_positions_and_labels():
+    docs = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34, 35]]
+    windows = pack_restart(docs, length=5, eos_id=2)
+    ids = [w["input_ids"].tolist() for w in windows]
+    pos = [w["position_ids"].tolist() for w in windows]
+    lab = [w["labels"].tolist() for w in windows]
+    assert ids == [[10, 11, 12, 2, 20], [21, 2, 30, 31, 32]]  # the tail (33 34 35 EOS) is dropped
+    assert pos == [[0, 1, 2, 3, 0], [0, 1, 0, 1, 2]]
+    assert lab == [[IGNORE_INDEX, 11, 12, 2, IGNORE_INDEX], [IGNORE_INDEX, 2, IGNORE_INDEX, 31, 32]]
+    concat = pack_concat(docs, length=5, eos_id=2)
+    assert [w["input_ids"].tolist() for w in concat] == [[10, 11, 12, 2, 20], [21, 2, 30, 31, 32]]
+    assert all(w["position_ids"].tolist() == list(range(5)) and torch.equal(w["labels"], w["input_ids"])
+               for w in concat)
+
+
+def test_restart_packing_matches_separate_documents(workspace):
+    """With restarted positions the loss of a packed window equals the documents' losses run one by one."""
+    from transformers import AutoModelForCausalLM
+
+    from hf_posenc.training.trainer import PosEncTrainer  # noqa: F401  (import check)
+
+    model = AutoModelForCausalLM.from_pretrained(workspace / "model", attn_implementation="sdpa").eval()
+    hf_posenc.patch_model(model, "cope")
+    docs = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
+    (window,) = pack_restart(docs, length=15, eos_id=2)
+    with torch.no_grad():
+        packed = model(window["input_ids"][None], position_ids=window["position_ids"][None],
+                       use_cache=False).logits[0]  # Transformers finds packed documents only without a cache
+        start = 0
+        for doc in docs:
+            ids = torch.tensor(doc + [2])[None]
+            alone = model(ids).logits[0]
+            torch.testing.assert_close(packed[start : start + ids.shape[1]], alone, rtol=1e-4, atol=1e-5)
+            start += ids.shape[1]
+
+
+# -- chunked loss -----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float64, 1e-10), (torch.bfloat16, 3e-2)])
+@pytest.mark.parametrize("softcap", [None, 5.0])
+def test_chunked_loss_matches_full(dtype, tol, softcap):
+    g = torch.Generator().manual_seed(int(time.time_ns() % 2**31))
+    n, h, v = 45, 24, 70
+    hidden = torch.randn(n, h, generator=g).to(dtype).requires_grad_()
+    weight = (torch.randn(v, h, generator=g) / h**0.5).to(dtype).requires_grad_()
+    bias = torch.randn(v, generator=g).to(dtype).requires_grad_()
+    labels = torch.randint(0, v, (n,), generator=g)
+    labels[torch.rand(n, generator=g) < 0.2] = IGNORE_INDEX
+    ref = full_linear_cross_entropy(hidden, weight, labels, bias, softcap)
+    got = chunked_linear_cross_entropy(hidden, weight, labels, bias, softcap, chunk_size=16)
+    scale = torch.rand((), generator=g).item() + 0.5
+    g_ref = torch.autograd.grad(ref * scale, (hidden, weight, bias))
+    g_got = torch.autograd.grad(got * scale, (hidden, weight, bias))
+    torch.testing.assert_close(got.double(), ref.double(), rtol=tol, atol=tol * n)
+    for a, b in zip(g_got, g_ref):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol)
+
+
+def test_shift_pairs_hidden_with_next_label():
+    hidden = torch.arange(2 * 4 * 1, dtype=torch.float32).view(2, 4, 1)
+    labels = torch.arange(8).view(2, 4)
+    h, y = shift_for_causal_lm(hidden, labels)
+    assert h[:, 0].tolist() == [0, 1, 2, 4, 5, 6] and y.tolist() == [1, 2, 3, 5, 6, 7]
+
+
+# -- end to end ---------------------------------------------------------------------------------------------------
+def test_tiny_recipe_end_to_end(workspace):
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    recipe = load_recipe(data=_recipe(workspace, "e2e", output={"dir": str(workspace / "e2e"), "merge": True},
+                                      data={"files": [str(workspace / "corpus.jsonl")], "packing": "restart"},
+                                      evaluation={"enabled": True, "lengths": [32, 128], "tasks": ["ppl"],
+                                                  "options": {"progress": False}}))
+    result = run_training(recipe)
+    assert result.evaluation is not None and (Path(result.output_dir) / "eval.json").exists()
+    ppl_lengths = sorted(r["context_length"] for r in result.evaluation["perplexity"])
+    assert ppl_lengths == [32, 128], result.evaluation
+    losses = result.losses
+    assert len(losses) == 12 and all(map(torch.isfinite, map(torch.tensor, losses)))
+    assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
+    assert (Path(result.output_dir) / "checkpoint-8").is_dir()
+
+    base = AutoModelForCausalLM.from_pretrained(workspace / "model", attn_implementation="sdpa")
+    hf_posenc.patch_model(base, "cope")
+    reloaded = PeftModel.from_pretrained(base, result.model_dir).eval()
+    ids = torch.randint(4, 4 + len(WORDS), (2, 24))
+    with torch.no_grad():
+        a = reloaded(ids).logits
+        merged = AutoModelForCausalLM.from_pretrained(result.merged_dir).eval()
+        b = merged(ids).logits
+        plain = AutoModelForCausalLM.from_pretrained(workspace / "model").eval()
+        c = hf_posenc.patch_model(plain, "cope")(ids).logits
+    assert hf_posenc.get_scheme(merged).name == "cope"
+    torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert (a - c).abs().max() > 1e-2  # training changed the model (norms + LoRA were saved)
+
+
+def _train_cmd(recipe_path: Path, *extra: str) -> list[str]:
+    return [sys.executable, "-m", "hf_posenc.training.cli", str(recipe_path), *extra]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONPATH=str(REPO))
+    return env
+
+
+def test_resume_after_kill_repeats_the_loss_trajectory(workspace):
+    steps = 24
+    for name in ("full-run", "killed"):
+        recipe = _recipe(workspace, name, peft={"dropout": 0.1}, training={"max_steps": steps, "save_steps": 3})
+        (workspace / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
+
+    with open(workspace / "killed.stderr", "wb") as err:
+        proc = subprocess.Popen(_train_cmd(workspace / "killed.yaml"), env=_env(), stdout=subprocess.DEVNULL,
+                                stderr=err)
+        ckpt = workspace / "killed" / "checkpoint-3" / "trainer_state.json"
+        deadline = time.time() + 120
+        while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.02)
+        alive = proc.poll() is None
+        proc.kill()  # SIGKILL: no clean shutdown
+        proc.wait()
+    assert alive, (workspace / "killed.stderr").read_text()[-2000:]
+    steps_before = [r["step"] for r in read_log(workspace / "killed" / "log.jsonl") if "loss" in r]
+    assert 3 <= max(steps_before) < steps
+
+    done = subprocess.run(_train_cmd(workspace / "killed.yaml", "--resume"), env=_env(), capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    full = subprocess.run(_train_cmd(workspace / "full-run.yaml"), env=_env(), capture_output=True)
+    assert full.returncode == 0, full.stderr.decode()[-3000:]
+
+    def losses(name):
+        return [(r["step"], r["loss"]) for r in read_log(workspace / name / "log.jsonl") if "loss" in r]
+
+    resumed, uninterrupted = losses("killed"), losses("full-run")
+    assert [s for s, _ in resumed] == list(range(1, steps + 1))
+    assert [s for s, _ in resumed] == [s for s, _ in uninterrupted]
+    for (step, a), (_, b) in zip(resumed, uninterrupted):
+        assert a == pytest.approx(b, rel=1e-5, abs=1e-6), (step, resumed, uninterrupted)
+
+
+def test_two_process_run(workspace):
+    recipe = _recipe(workspace, "ddp", training={"max_steps": 3, "save_steps": 3})
+    (workspace / "ddp.yaml").write_text(yaml.safe_dump(recipe))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+           "-m", "hf_posenc.training.cli", str(workspace / "ddp.yaml")]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    losses = [r for r in read_log(workspace / "ddp" / "log.jsonl") if "loss" in r]
+    assert [r["step"] for r in losses] == [1, 2, 3]
+    assert (workspace / "ddp" / "adapter" / "adapter_model.safetensors").exists()
+    state = json.loads((workspace / "ddp" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+
+
+def test_shipped_recipes_parse():
+    recipes = sorted((REPO / "recipes").glob("*.yaml"))
+    assert len(recipes) >= 8
+    for path in recipes:
+        data = tcfg.read_yaml(path.read_text())
+        recipe = tcfg.parse_section(tcfg.Recipe, data)  # types and keys (data files may live on GPU hosts)
+        recipe.scheme_config()
