@@ -6,7 +6,7 @@ import torch
 import hf_posenc
 from tiny import greedy_without_cache, logits, random_ids, tiny_model
 
-FAMILIES = ["llama", "qwen2", "qwen3", "gemma"]
+FAMILIES = ["llama", "qwen2", "qwen3", "gemma", "gemma2", "gemma3_text"]  # Gemma2/3 with sliding windows
 NO_SOFTCAP = {"attn_logit_softcapping": None, "final_logit_softcapping": None}
 
 
@@ -130,3 +130,14 @@ def test_gemma2_softcapping_is_refused_with_the_fix():
         model = hf_posenc.patch_model(tiny_model("gemma2"), "tapa")
     with pytest.raises(ValueError, match="attn_logit_softcapping = None"):
         logits(model, random_ids())
+
+
+def test_sliding_window_layers_keep_their_window():
+    """Gemma3's sliding layers attend only to the last `sliding_window` keys, through the kernel as through the
+    reference; a long sequence makes the window bite."""
+    ids = random_ids(1, 40)
+    ref = tapa_model("gemma3_text", "reference", sliding_window=8)
+    fast = tapa_model("gemma3_text", "triton", sliding_window=8)
+    wide = tapa_model("gemma3_text", "reference", sliding_window=64)
+    torch.testing.assert_close(logits(fast, ids), logits(ref, ids), rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(logits(ref, ids), logits(wide, ids), atol=1e-3)

@@ -32,10 +32,10 @@ def tiny_config(arch: str, **overrides):
     if arch == "gemma":
         return GemmaConfig(**kw)
     if arch == "gemma2":
-        return Gemma2Config(sliding_window=16, **kw)
+        return Gemma2Config(**{"sliding_window": 16, **kw})
     if arch == "gemma3_text":
         kw.setdefault("layer_types", ["sliding_attention", "full_attention"])
-        return Gemma3TextConfig(sliding_window=16, **kw)
+        return Gemma3TextConfig(**{"sliding_window": 16, **kw})
     raise ValueError(arch)
 
 
