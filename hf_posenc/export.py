@@ -83,7 +83,7 @@ def stock_config(model_or_config: Any) -> Any:
     else:
         rope = _stock_layer_params(config, rope, None)
     values = config.to_dict()
-    for key in (RECORD_KEY, "model_type", "transformers_version", "architectures"):
+    for key in (RECORD_KEY, "model_type", "transformers_version", "architectures", "auto_map"):
         values.pop(key, None)
     values["rope_parameters"] = rope
     stock = adapter.stock_config_class.from_dict(values)

@@ -1,9 +1,11 @@
 """Checkpoint format: save/load in a fresh process, loading without hf-posenc, and export for stock Transformers."""
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
+import warnings
 
 import pytest
 import torch
@@ -27,34 +29,52 @@ LOAD = textwrap.dedent(
     """
     import json, sys, torch
     from transformers import AutoModelForCausalLM
-    dirs, ids, plugin = json.loads(sys.argv[1]), torch.load(sys.argv[2]), sys.argv[3] == "1"
-    if plugin:
+    jobs, ids, mode = json.loads(sys.argv[1]), torch.load(sys.argv[2]), sys.argv[3]
+    if mode == "plugin":
         import hf_posenc
     results = {}
-    for d in dirs:
+    for job in jobs:
+        d = job["dir"]
         try:
-            model = AutoModelForCausalLM.from_pretrained(d, attn_implementation="eager").eval()
+            model = AutoModelForCausalLM.from_pretrained(
+                d, attn_implementation=job.get("attn"), trust_remote_code=mode == "remote"
+            ).eval()
+            if job.get("adapter"):
+                from peft import PeftModel
+                model = PeftModel.from_pretrained(model, job["adapter"])
         except Exception as exc:  # reported back to the test, which checks the message
-            results[d] = {"error": f"{type(exc).__name__}: {exc}"}
+            results[job["out"]] = {"error": f"{type(exc).__name__}: {exc}"}
             continue
         with torch.no_grad():
-            torch.save(model(ids).logits, d + "/logits.pt")
-        results[d] = {"class": type(model).__name__, "rope": model.config.rope_parameters}
+            torch.save(model(ids).logits, job["out"])
+        base = model.get_base_model() if job.get("adapter") else model
+        results[job["out"]] = {"class": type(base).__name__, "module": type(base).__module__,
+                               "rope": base.config.rope_parameters}
     print("RESULTS" + json.dumps(results))
     """
 )
 
 
-def load_in_fresh_process(dirs, ids, tmp_path, plugin):
+def load_in_fresh_process(jobs, ids, tmp_path, mode):
+    """Load each job's checkpoint in a new interpreter: mode "plugin" (import hf_posenc), "stock" (hf_posenc
+    cannot be imported) or "remote" (cannot be imported; trust_remote_code=True)."""
     torch.save(ids, tmp_path / "ids.pt")
-    code = (BLOCK if not plugin else "") + LOAD
+    code = (BLOCK if mode != "plugin" else "") + LOAD
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
     proc = subprocess.run(
-        [sys.executable, "-c", code, json.dumps([str(d) for d in dirs]), str(tmp_path / "ids.pt"), "1" if plugin else "0"],
-        capture_output=True, text=True, timeout=600,
+        [sys.executable, "-c", code, json.dumps(jobs), str(tmp_path / "ids.pt"), mode],
+        capture_output=True, text=True, timeout=900, env=env, stdin=subprocess.DEVNULL,
     )
     assert proc.returncode == 0, proc.stderr[-3000:]
     line = next(l for l in proc.stdout.splitlines() if l.startswith("RESULTS"))
     return json.loads(line.removeprefix("RESULTS"))
+
+
+def jobs_for(dirs, tag, schemes=None, **extra):
+    """Jobs for load_in_fresh_process; eager attention, except for TAPA, which brings its own."""
+    schemes = schemes or [None] * len(dirs)
+    return [{"dir": str(d), "out": str(d / f"logits-{tag}.pt"), "attn": None if s == "tapa" else "eager", **extra}
+            for d, s in zip(dirs, schemes)]
 
 
 CASES = [(arch, "cope", {"clip_low_n": 3}) for arch in ARCHS] + [
@@ -63,7 +83,22 @@ CASES = [(arch, "cope", {"clip_low_n": 3}) for arch in ARCHS] + [
     ("gemma3_text", "cope", {"clip_low_n": 3, "layers": "all"}),
     ("qwen3", "rope", {"rope_theta": 5e5, "scaling": "yarn", "factor": 4.0}),
     ("llama", "cope", {"clip_low_n": 3, "rope_theta": 1e6, "scaling": "yarn", "factor": 4.0}),
+    ("qwen3", "tapa", {"backend": "reference"}),
+    ("gemma3_text", "tape", {"hidden": 8}),
+    ("llama", "tape", {"frequencies": {"scheme": "cope", "clip_low_n": 3}}),
 ]
+STOCK = {"cope": "longrope", "hardclip": "longrope", "prope": "proportional", "rope": "yarn"}
+EXACT_STOCK = set(range(10))  # default base (and stock types): bitwise; index 10, CoPE over YaRN: float rounding
+
+
+def _perturb_tape(model):
+    from hf_posenc.schemes.tape import TapeBlock
+
+    g = torch.Generator().manual_seed(0)
+    for block in (m for m in model.modules() if isinstance(m, TapeBlock)):
+        for p in block.parameters():
+            p.data = torch.randn(p.shape, generator=g) * 0.3
+    return model
 
 
 @pytest.fixture(scope="module")
@@ -72,54 +107,82 @@ def saved(tmp_path_factory):
     ids = random_ids(2, 30)
     out = []
     for i, (arch, scheme, options) in enumerate(CASES):
-        model = hf_posenc.patch_model(tiny_model(arch), scheme, **options)
+        layer_types = {"num_hidden_layers": 4, "layer_types": ["sliding_attention", "full_attention"] * 2}
+        model = tiny_model(arch, **(layer_types if (arch, scheme) == ("gemma3_text", "tape") else {}))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TAPA's "needs training" warning
+            model = _perturb_tape(hf_posenc.patch_model(model, scheme, **options))
         model.save_pretrained(root / f"patched{i}")
         with torch.no_grad():
             out.append((root / f"patched{i}", model, model(ids).logits))
     return root, ids, out
 
 
-def test_round_trip_in_a_fresh_process_gives_identical_logits(saved, tmp_path):
+@pytest.mark.parametrize("mode", ["plugin", "remote"])
+def test_round_trip_in_a_fresh_process_gives_identical_logits(saved, tmp_path, mode):
+    """plugin: `import hf_posenc` then from_pretrained; remote: no hf-posenc, trust_remote_code=True."""
     _, ids, cases = saved
-    results = load_in_fresh_process([d for d, _, _ in cases], ids, tmp_path, plugin=True)
+    jobs = jobs_for([d for d, _, _ in cases], mode, [c[1] for c in CASES])
+    results = load_in_fresh_process(jobs, ids, tmp_path, mode)
     for (d, model, expected), (arch, scheme, _) in zip(cases, CASES):
-        r = results[str(d)]
+        r = results[str(d / f"logits-{mode}.pt")]
         assert "error" not in r, r
         assert r["class"] == type(model).__name__ and r["class"].endswith("PosencForCausalLM")
-        assert torch.equal(torch.load(d / "logits.pt"), expected), (arch, scheme)
+        assert ("transformers_modules" in r["module"]) == (mode == "remote")
+        assert torch.equal(torch.load(d / f"logits-{mode}.pt"), expected), (arch, scheme, mode)
         config = json.loads((d / "config.json").read_text())
         assert config["model_type"] == "hf_posenc_" + arch
         assert config["hf_posenc"]["scheme"] == scheme and config["hf_posenc"]["format_version"] == FORMAT_VERSION
+        assert config["auto_map"]["AutoModelForCausalLM"].startswith("hf_posenc_remote.")
 
 
 def test_without_hf_posenc_loading_fails_and_never_falls_back_to_rope(saved, tmp_path):
     _, ids, cases = saved
-    results = load_in_fresh_process([d for d, _, _ in cases], ids, tmp_path, plugin=False)
-    for (d, _, _), (arch, _, _) in zip(cases, CASES):
-        error = results[str(d)].get("error", "")
-        assert f"model type `hf_posenc_{arch}`" in error, results[str(d)]
-
-
-EXACT = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}  # default base (and stock types): bitwise; CoPE over YaRN: float rounding
+    jobs = jobs_for([d for d, _, _ in cases], "stock", [c[1] for c in CASES])
+    results = load_in_fresh_process(jobs, ids, tmp_path, "stock")
+    for d, _, _ in cases:
+        error = results[str(d / "logits-stock.pt")].get("error", "")
+        assert "contains custom code" in error and "trust_remote_code=True" in error, error
 
 
 def test_export_stock_loads_without_hf_posenc_with_identical_logits(saved, tmp_path):
     root, ids, cases = saved
-    dirs = [hf_posenc.export_stock(model, root / f"stock{i}") for i, (_, model, _) in enumerate(cases)]
-    results = load_in_fresh_process(dirs, ids, tmp_path, plugin=False)
-    for i, (d, (_, model, expected)) in enumerate(zip(dirs, cases)):
-        r = results[str(d)]
+    exportable = [i for i, case in enumerate(CASES) if case[1] in STOCK]
+    dirs = [hf_posenc.export_stock(cases[i][1], root / f"stock{i}") for i in exportable]
+    results = load_in_fresh_process(jobs_for(dirs, "stock"), ids, tmp_path, "stock")
+    for i, d in zip(exportable, dirs):
+        r = results[str(d / "logits-stock.pt")]
         assert "error" not in r, r
         assert not r["class"].endswith("PosencForCausalLM")
-        got = torch.load(d / "logits.pt")
-        if i in EXACT:
+        got, expected = torch.load(d / "logits-stock.pt"), cases[i][2]
+        if i in EXACT_STOCK:
             assert torch.equal(got, expected), CASES[i]
         else:
             torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-4)
-        scheme = CASES[i][1]
         rope = r["rope"].get("full_attention", r["rope"])
-        expected_type = {"cope": "longrope", "hardclip": "longrope", "prope": "proportional", "rope": "yarn"}[scheme]
-        assert rope["rope_type"] == expected_type
+        assert rope["rope_type"] == STOCK[CASES[i][1]]
+        assert "auto_map" not in json.loads((d / "config.json").read_text())
+
+
+def test_tape_adapter_restores_exactly_on_a_base_loaded_any_way(tmp_path):
+    peft = pytest.importorskip("peft")
+    from hf_posenc.adapters import lora_config, save_adapter
+
+    ids = random_ids(2, 30)
+    base = hf_posenc.patch_model(tiny_model("qwen3"), "tape")
+    base.save_pretrained(tmp_path / "base")
+    wrapped = peft.get_peft_model(base, lora_config(base, r=2))
+    for p in wrapped.parameters():
+        if p.requires_grad:
+            p.data.add_(torch.randn_like(p) * 0.2)
+    save_adapter(wrapped, tmp_path / "adapter")
+    with torch.no_grad():
+        expected = wrapped(ids).logits
+    for mode in ("plugin", "remote"):
+        job = jobs_for([tmp_path / "base"], f"adapter-{mode}", adapter=str(tmp_path / "adapter"))
+        result = load_in_fresh_process(job, ids, tmp_path, mode)[job[0]["out"]]
+        assert "error" not in result, result
+        assert torch.equal(torch.load(job[0]["out"]), expected), mode
 
 
 def test_export_refuses_what_stock_transformers_cannot_express(tmp_path):

@@ -54,6 +54,21 @@ class PosencModelMixin:
         if record is not None:
             SchemeRecord.from_dict(record).scheme.install(self)
 
+    def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
+        """``save_pretrained`` plus the remote code (``auto_map``) that loads the checkpoint without hf-posenc.
+
+        When this class itself came from remote code, Transformers copies those files again on its own."""
+        import importlib
+
+        super().save_pretrained(save_directory, *args, **kwargs)
+        try:
+            remote = importlib.import_module("hf_posenc.remote_code")
+            patches = importlib.import_module("hf_posenc.patches")
+        except ImportError:
+            return
+        if kwargs.get("is_main_process", True):
+            remote.write_remote_code(save_directory, patches.adapter_for(self.config.model_type))
+
     def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, is_init_check: bool = False,
                                               **kwargs: Any) -> str:
         required = required_attn_implementation(self.config)

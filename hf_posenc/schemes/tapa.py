@@ -67,7 +67,7 @@ class TAPAConfig(SchemeConfig):
             raise ValueError(f"tapa: backend must be 'auto', 'triton' or 'reference', got {self.backend!r}.")
 
     def check_model(self, head_dim: int) -> None:
-        from ..kernels.tapa import tapa_split
+        from ..kernels.tapa.naive import tapa_split
 
         tapa_split(head_dim, self.theta)
 
@@ -113,8 +113,6 @@ def tapa_attention_forward(
     """``AttentionInterface`` entry: eq. 12 on [B, H, L, D] query and [B, Hkv, L, D] key/value (not repeated)."""
     from transformers.masking_utils import find_packed_sequence_indices
 
-    from ..kernels.tapa import tapa_attention, tapa_attention_reference, tapa_attention_triton
-
     options = module.config.hf_posenc["options"]
     if dropout and module.training:
         raise ValueError("tapa: attention dropout is not supported; set config.attention_dropout = 0.")
@@ -128,9 +126,7 @@ def tapa_attention_forward(
         raise ValueError("tapa: got a 4-D attention mask; TAPA builds its own mask from the 2-D padding mask.")
     q_pos, k_pos = _positions(position_ids, key_padding, batch, q_len, kv_len, query.device)
     segments = find_packed_sequence_indices(q_pos) if q_len == kv_len and position_ids is not None else None
-    fn = {"auto": tapa_attention, "triton": tapa_attention_triton, "reference": tapa_attention_reference}[
-        options["backend"]
-    ]
+    fn = tapa_function(options["backend"])
     extra = {} if sliding_window is None else {"sliding_window": sliding_window}
     out = fn(
         query, key, value, alpha=options["alpha"], theta=options["theta"], phase=options["phase"], causal=True,
@@ -138,6 +134,25 @@ def tapa_attention_forward(
         k_segment_ids=segments, **extra,
     )
     return out.transpose(1, 2).contiguous(), None
+
+
+def tapa_function(backend: str):
+    """The TAPA op for a backend: the Triton dispatcher (``auto``/``triton``) or the reference. Checkpoint remote
+    code carries only the reference; there ``auto`` falls back to it and ``triton`` is a clear error."""
+    import importlib
+
+    from ..kernels.tapa.naive import tapa_attention_reference
+
+    if backend == "reference":
+        return tapa_attention_reference
+    try:
+        kernels = importlib.import_module("hf_posenc.kernels.tapa")
+    except ImportError as exc:
+        if backend == "triton":
+            raise ImportError("tapa: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`)."
+                              ) from exc
+        return tapa_attention_reference
+    return kernels.tapa_attention if backend == "auto" else kernels.tapa_attention_triton
 
 
 def register_tapa_attention() -> None:

@@ -214,8 +214,13 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
                                  softcap: float | None = None, position_ids: torch.Tensor | None = None,
                                  **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``AttentionInterface`` entry for ``backend="triton"``: ``value`` is [V | E]; returns [O | Ẽ]."""
-    from ..kernels.tape import tape_attention
+    import importlib
 
+    try:
+        tape_attention = importlib.import_module("hf_posenc.kernels.tape").tape_attention
+    except ImportError as exc:
+        raise ImportError("tape: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`); "
+                          "or patch with backend='auto'.") from exc
     if sliding_window is not None or softcap is not None:
         raise ValueError("tape: the fused kernel has no sliding window or soft-capping; use backend='auto' for "
                          "this model.")
