@@ -69,6 +69,16 @@ class PosencModelMixin:
         if kwargs.get("is_main_process", True):
             remote.write_remote_code(save_directory, patches.adapter_for(self.config.model_type))
 
+    def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
+        """Publish with hf-posenc's model card (see ``hf_posenc.hub.push_to_hub`` for the options)."""
+        import importlib
+
+        try:
+            hub = importlib.import_module("hf_posenc.hub")
+        except ImportError:  # loaded through remote code: Transformers' own upload
+            return super().push_to_hub(repo_id, **kwargs)
+        return hub.push_to_hub(self, repo_id, **kwargs)
+
     def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, is_init_check: bool = False,
                                               **kwargs: Any) -> str:
         required = required_attn_implementation(self.config)

@@ -1,0 +1,173 @@
+"""Publishing to the Hugging Face Hub: a patched checkpoint, a PEFT adapter on a patched base, or a stock export,
+each with a model card.
+
+Everything up to the HTTP call is what a user's machine really does: ``save_pretrained`` (weights as safetensors,
+``config.json`` carrying the scheme, the remote code and ``auto_map``), the tokenizer, the model card, and one
+``HfApi.create_commit`` with every file. Pass ``api=`` to use another ``HfApi`` (another endpoint, a token).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .patching import check_patchable, scheme_record
+from .record import FORMAT_VERSION, LIBRARY_VERSION
+
+# Formats that execute code when loaded (pickle) are never published.
+UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
+
+
+def _yaml(value: Any, indent: int = 0) -> str:
+    """A tiny YAML writer for the card's metadata (dicts, lists, scalars), so no YAML library is needed."""
+    pad = " " * indent
+    if isinstance(value, dict):
+        lines = []
+        for key, item in value.items():
+            if isinstance(item, (dict, list)) and item:
+                lines.append(f"{pad}{key}:\n{_yaml(item, indent + 2)}")
+            else:
+                lines.append(f"{pad}{key}: {json.dumps(item)}")  # JSON scalars and {} / [] are YAML
+        return "\n".join(lines)
+    return "\n".join(f"{pad}- {json.dumps(item)}" for item in value)
+
+
+def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, base_repo: str | None = None,
+               evaluation: str | None = None, plots: list[str] | None = None) -> str:
+    """README.md for a published checkpoint (``kind``: "model", "adapter" or "stock")."""
+    scheme = record.scheme
+    metadata = {
+        "library_name": "peft" if kind == "adapter" else "transformers",
+        "pipeline_tag": "text-generation",
+        "tags": ["hf-posenc", scheme.name, "positional-encoding", "long-context"] + (["stock-export"] if kind == "stock" else []),
+    }
+    if base_model:
+        metadata["base_model"] = base_model
+    metadata["hf_posenc"] = {"scheme": scheme.name, "options": scheme.to_dict(), "paper": scheme.paper,
+                             "format_version": FORMAT_VERSION, "library_version": LIBRARY_VERSION}
+    if kind == "model":
+        load = (f'import hf_posenc  # registers the scheme; no trust_remote_code needed\n'
+                f'from transformers import AutoModelForCausalLM\n'
+                f'model = AutoModelForCausalLM.from_pretrained("{repo_id}")')
+        other = (f'Without hf-posenc: `AutoModelForCausalLM.from_pretrained("{repo_id}", trust_remote_code=True)` '
+                 "runs the hf-posenc modules shipped in this repo (`hf_posenc_*.py`, readable).")
+    elif kind == "adapter":
+        load = (f"import hf_posenc\nfrom hf_posenc.adapters import load_adapter\n"
+                f"from transformers import AutoModelForCausalLM\n"
+                f'model = load_adapter(AutoModelForCausalLM.from_pretrained("{base_repo or base_model}"), "{repo_id}")')
+        other = ("The base must carry the same scheme (a checkpoint saved after `hf_posenc.patch_model`); "
+                 "`load_adapter` refuses an unpatched base, where PEFT would silently drop the scheme's weights.")
+    else:
+        load = f'from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("{repo_id}")'
+        other = ("This is a stock-Transformers export: no plugin and no remote code are needed "
+                 "(p-RoPE as `proportional`, CoPE/HardClip as per-dimension `longrope` factors).")
+    options = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in scheme.to_dict().items())
+    parts = [
+        f"---\n{_yaml(metadata)}\n---\n",
+        f"# {repo_id.split('/')[-1]}\n",
+        f"{'A PEFT adapter for ' if kind == 'adapter' else ''}{base_model or 'A model'} with its positional encoding "
+        f"switched to **{scheme.name}** by [hf-posenc] {LIBRARY_VERSION}.\n",
+        f"Paper: {scheme.paper}.\n",
+        f"## Scheme options\n\n| option | value |\n|---|---|\n{options}\n",
+        f"## Load it\n\n```python\n{load}\n```\n\n{other}\n",
+    ]
+    if evaluation:
+        parts.append(f"## Evaluation\n\n{evaluation.strip()}\n")
+    for plot in plots or []:
+        parts.append(f"![{Path(plot).stem}]({plot})\n")
+    return "\n".join(parts)
+
+
+def _stage(model: Any, folder: Path, tokenizer: Any, stock: bool) -> tuple[str, Any, str | None]:
+    """Write what gets published into ``folder``; returns (kind, scheme record, base model name)."""
+    is_peft = hasattr(model, "get_base_model") and hasattr(model, "peft_config")
+    base = model.get_base_model() if is_peft else model
+    check_patchable(base)
+    record = scheme_record(base)
+    if record is None:
+        raise ValueError("push_to_hub: this model carries no hf-posenc scheme; patch it first, or publish it with "
+                         "Transformers' own `push_to_hub`.")
+    base_model = getattr(base.config, "_name_or_path", None) or None
+    if is_peft:
+        if stock:
+            raise ValueError("push_to_hub: stock=True exports full checkpoints, not adapters.")
+        from .adapters import save_adapter
+
+        save_adapter(model, folder)
+        kind = "adapter"
+    elif stock:
+        from .export import export_stock
+
+        export_stock(model, folder)
+        kind = "stock"
+    else:
+        model.save_pretrained(folder)
+        kind = "model"
+    if tokenizer is not None:
+        tokenizer.save_pretrained(folder)
+    return kind, record, base_model
+
+
+def push_to_hub(
+    model: Any,
+    repo_id: str,
+    *,
+    tokenizer: Any = None,
+    stock: bool = False,
+    eval_dir: str | os.PathLike | None = None,
+    base_repo: str | None = None,
+    private: bool | None = None,
+    token: str | None = None,
+    revision: str | None = None,
+    commit_message: str | None = None,
+    create_pr: bool = False,
+    api: Any = None,
+):
+    """Publish a patched model (or a PEFT adapter on a patched base) to ``repo_id`` with a model card.
+
+    Args:
+        tokenizer: saved alongside (recommended for full checkpoints).
+        stock: publish the stock-Transformers export instead (CoPE/HardClip/p-RoPE/RoPE only).
+        eval_dir: a folder written by ``hf_posenc.evaluation.write_report``: its ``report.md`` becomes the card's
+            evaluation section and its PNG plots are uploaded and shown.
+        base_repo: for adapters, the Hub id of the patched base to load them onto (shown in the card).
+        api: an ``huggingface_hub.HfApi`` (default: a new one with ``token``).
+
+    Returns the ``CommitInfo`` of the commit. A model still quantized from GGUF is refused with the fix named;
+    nothing is ever written with pickle.
+    """
+    from huggingface_hub import CommitOperationAdd, HfApi
+
+    if not isinstance(repo_id, str) or not repo_id.strip("/"):
+        raise ValueError(f"push_to_hub: repo_id must be 'user/name', got {repo_id!r}.")
+    evaluation, plots = None, []
+    if eval_dir is not None:
+        eval_dir = Path(eval_dir)
+        if not (eval_dir / "report.md").exists():
+            raise FileNotFoundError(f"push_to_hub: {eval_dir}/report.md not found; write it with "
+                                    "hf_posenc.evaluation.write_report (or `hf-posenc eval --out DIR`).")
+        evaluation = (eval_dir / "report.md").read_text()
+        plots = sorted(p.name for p in eval_dir.glob("*.png"))
+    with tempfile.TemporaryDirectory(prefix="hf-posenc-push-") as tmp:
+        folder = Path(tmp)
+        kind, record, base_model = _stage(model, folder, tokenizer, stock)
+        for name in plots:
+            shutil.copy(eval_dir / name, folder / name)
+        (folder / "README.md").write_text(model_card(repo_id, record, kind=kind, base_model=base_model,
+                                                     base_repo=base_repo, evaluation=evaluation, plots=plots))
+        files = sorted(p for p in folder.rglob("*") if p.is_file())
+        unsafe = [p.name for p in files if p.suffix in UNSAFE_SUFFIXES]
+        if unsafe:
+            raise RuntimeError(f"push_to_hub: refusing to publish pickle files {unsafe}.")
+        api = api or HfApi(token=token)
+        api.create_repo(repo_id, private=private, exist_ok=True, repo_type="model")
+        operations = [CommitOperationAdd(path_in_repo=p.relative_to(folder).as_posix(), path_or_fileobj=str(p))
+                      for p in files]
+        return api.create_commit(
+            repo_id, operations, commit_message=commit_message or f"Upload {kind} patched with {record.scheme.name}",
+            revision=revision, create_pr=create_pr, repo_type="model",
+        )

@@ -1,0 +1,159 @@
+"""Publishing: real save_pretrained output, real commit operations and model card; only the network call is
+replaced, by a local folder that receives the commit (this machine cannot reach the Hub). A test against a real
+Hub endpoint runs when HF_POSENC_HUB_REPO (and a token) are configured in the environment."""
+
+import json
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import pytest
+import torch
+from huggingface_hub import HfApi
+
+import hf_posenc
+from fresh import jobs_for, load_in_fresh_process
+from tiny import random_ids, tiny_model
+
+
+class LocalHub(HfApi):
+    """HfApi whose two network calls write into a local folder: ``create_commit`` receives the real
+    ``CommitOperationAdd`` objects and copies their files to ``root/repo_id``."""
+
+    def __init__(self, root: Path):
+        super().__init__(token="hf_local_test_token")
+        self.root, self.commits = Path(root), []
+
+    def create_repo(self, repo_id, **kwargs):
+        (self.root / repo_id).mkdir(parents=True, exist_ok=True)
+        return f"local://{repo_id}"
+
+    def create_commit(self, repo_id, operations, *, commit_message, **kwargs):
+        target = self.root / repo_id
+        for op in operations:
+            dest = target / op.path_in_repo
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(op.path_or_fileobj, dest)
+        self.commits.append({"repo": repo_id, "message": commit_message, "files": [o.path_in_repo for o in operations]})
+        return self.commits[-1]
+
+
+def front_matter(readme: str) -> dict:
+    yaml = pytest.importorskip("yaml")
+    head, sep, _ = readme.removeprefix("---\n").partition("\n---\n")
+    assert sep, "model card has no YAML front matter"
+    return yaml.safe_load(head)
+
+
+SCHEMES = [("cope", {"clip_low_n": 3}), ("hardclip", {"clip_low_n": 2}), ("prope", {"p": 0.5}),
+           ("rope", {"scaling": "yarn", "factor": 2.0}), ("tapa", {"backend": "reference"}), ("tape", {})]
+
+
+def patched(scheme, options, arch="llama"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TAPA's "needs training" warning
+        model = hf_posenc.patch_model(tiny_model(arch), scheme, **options)
+    for name, p in model.named_parameters():
+        if ".tape." in name:
+            p.data = torch.randn_like(p) * 0.3
+    return model
+
+
+def test_every_scheme_publishes_and_loads_back_three_ways(tmp_path):
+    hub = LocalHub(tmp_path / "hub")
+    ids = random_ids(2, 24)
+    expected, jobs = {}, {"plugin": [], "remote": [], "stock": []}
+    for scheme, options in SCHEMES:
+        model = patched(scheme, options)
+        with torch.no_grad():
+            expected[scheme] = model(ids).logits
+        model.push_to_hub(f"me/{scheme}", api=hub)  # Transformers' method, routed to hf-posenc's publisher
+        repo = tmp_path / "hub" / "me" / scheme
+        for mode in ("plugin", "remote"):
+            jobs[mode] += jobs_for([repo], mode, [scheme])
+        card = (repo / "README.md").read_text()
+        meta = front_matter(card)
+        assert meta["library_name"] == "transformers" and "hf-posenc" in meta["tags"] and scheme in meta["tags"]
+        assert meta["hf_posenc"]["scheme"] == scheme and meta["hf_posenc"]["options"] == hf_posenc.get_scheme(model).to_dict()
+        assert 'from_pretrained("me/' + scheme + '")' in card and "trust_remote_code=True" in card
+        assert not [f for f in os.listdir(repo) if f.endswith((".bin", ".pt", ".pkl"))]
+        if scheme in ("cope", "hardclip", "prope", "rope"):
+            hf_posenc.push_to_hub(model, f"me/{scheme}-stock", api=hub, stock=True)
+            jobs["stock"] += jobs_for([tmp_path / "hub" / "me" / f"{scheme}-stock"], "stock", [scheme])
+    assert len(hub.commits) == len(SCHEMES) + 4
+    for mode, mode_jobs in jobs.items():
+        results = load_in_fresh_process(mode_jobs, ids, tmp_path, mode)
+        for job in mode_jobs:
+            scheme = Path(job["dir"]).name.removesuffix("-stock")
+            assert "error" not in results[job["out"]], results[job["out"]]
+            assert torch.equal(torch.load(job["out"]), expected[scheme]), (scheme, mode)
+
+
+def test_tape_adapter_publishes_and_restores_on_a_base_loaded_each_way(tmp_path):
+    peft = pytest.importorskip("peft")
+    from hf_posenc.adapters import lora_config
+
+    hub = LocalHub(tmp_path / "hub")
+    ids = random_ids(2, 24)
+    base = hf_posenc.patch_model(tiny_model("qwen3"), "tape")
+    base.push_to_hub("me/base", api=hub)
+    wrapped = peft.get_peft_model(base, lora_config(base, r=2))
+    for p in wrapped.parameters():
+        if p.requires_grad:
+            p.data.add_(torch.randn_like(p) * 0.2)
+    with torch.no_grad():
+        expected = wrapped(ids).logits
+    hf_posenc.push_to_hub(wrapped, "me/adapter", api=hub, base_repo="me/base")
+    repo = tmp_path / "hub" / "me" / "adapter"
+    card = (repo / "README.md").read_text()
+    assert front_matter(card)["library_name"] == "peft" and 'load_adapter(AutoModelForCausalLM.from_pretrained("me/base")' in card
+    for mode in ("plugin", "remote"):
+        job = jobs_for([tmp_path / "hub" / "me" / "base"], f"adapter-{mode}", adapter=str(repo))
+        result = load_in_fresh_process(job, ids, tmp_path, mode)[job[0]["out"]]
+        assert "error" not in result, result
+        assert torch.equal(torch.load(job[0]["out"]), expected), mode
+
+
+def test_card_carries_the_evaluation_table_and_plot(tmp_path):
+    from hf_posenc.evaluation import evaluate, write_report
+    from hf_posenc.models import load_tokenizer, smollm2_gguf
+
+    tokenizer = load_tokenizer(*smollm2_gguf())
+    model = patched("cope", {"clip_low_n": 3})
+    model.resize_token_embeddings(len(tokenizer))
+    result = evaluate({"cope": model}, tokenizer, tasks=["ppl"], lengths=[16, 32], text="The river runs. " * 60)
+    write_report(result, tmp_path / "eval")
+    hub = LocalHub(tmp_path / "hub")
+    hf_posenc.push_to_hub(model, "me/evaluated", api=hub, tokenizer=tokenizer, eval_dir=tmp_path / "eval")
+    repo = tmp_path / "hub" / "me" / "evaluated"
+    card = (repo / "README.md").read_text()
+    assert "## Evaluation" in card and "![perplexity](perplexity.png)" in card
+    assert (repo / "perplexity.png").stat().st_size > 0 and (repo / "tokenizer_config.json").exists()
+
+
+def test_bad_pushes_are_refused_before_any_upload(tmp_path):
+    hub = LocalHub(tmp_path / "hub")
+    with pytest.raises(ValueError, match="carries no hf-posenc scheme"):
+        hf_posenc.push_to_hub(tiny_model("llama"), "me/plain", api=hub)
+    with pytest.raises(ValueError, match="no stock Transformers equivalent"):
+        hf_posenc.push_to_hub(patched("tape", {}), "me/tape-stock", api=hub, stock=True)
+    with pytest.raises(FileNotFoundError, match="report.md not found"):
+        hf_posenc.push_to_hub(patched("cope", {}), "me/x", api=hub, eval_dir=tmp_path)
+    with pytest.raises(ValueError, match="repo_id must be"):
+        hf_posenc.push_to_hub(patched("cope", {}), "", api=hub)
+    assert hub.commits == [] and not (tmp_path / "hub").exists()
+
+
+@pytest.mark.skipif(not os.environ.get("HF_POSENC_HUB_REPO"), reason="set HF_POSENC_HUB_REPO (and HF_TOKEN, "
+                    "optionally HF_ENDPOINT) to test against a real Hub endpoint")
+def test_against_a_real_hub_endpoint():
+    from transformers import AutoModelForCausalLM
+
+    repo = os.environ["HF_POSENC_HUB_REPO"]
+    model = patched("cope", {"clip_low_n": 3})
+    hf_posenc.push_to_hub(model, repo, private=True)
+    loaded = AutoModelForCausalLM.from_pretrained(repo, attn_implementation="eager")
+    ids = random_ids()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids).logits, model(ids).logits)
