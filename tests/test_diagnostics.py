@@ -208,7 +208,8 @@ def test_distance_bias_nope_constant_keys_is_zero(llama):
 def test_distance_bias_on_tiny_model(llama, tmp_path):
     ids = _ids(200)
     res = distance_bias(llama, ids, samples=300, layers=[1])
-    assert res.short == scaled_ranges(200)[0] and res.long[1] == 199
+    # default: the paper ranges scaled to half the text, so queries spread over its second half
+    assert res.short == scaled_ranges(100)[0] and res.long[1] == 99
     assert len(res.mean) == 1 and len(res.mean[0]) == 4 and sum(res.histogram_counts) == 300 * 4
     with pytest.raises(ValueError, match="only 200 tokens"):
         distance_bias(llama, ids, short=(0, 100), long=(10000, 10100))
@@ -328,3 +329,18 @@ def test_cli_writes_json_and_png_for_two_models(llama, tmp_path):
         run_diagnose(bad)
     with pytest.raises(SystemExit):
         parser.parse_args(["m", "--text", "t", "--out", "o", "--analyses", "nonsense"])
+
+
+def test_offset_positions_are_not_read_as_packed_documents(llama):
+    """A jump in position ids must shift positions, not split attention into blocks (Transformers infers packed
+    documents from such jumps unless an attention mask is given)."""
+    from hf_posenc.diagnostics.perturbation import window_nll
+
+    ids = _ids(40)[0]
+    positions = torch.arange(40)
+    positions[20:] += 7
+    with torch.no_grad():
+        full = llama(ids[None], position_ids=positions[None], attention_mask=torch.ones(1, 40, dtype=torch.long))
+    nll = torch.nn.functional.cross_entropy(full.logits[0, :-1], ids[1:], reduction="sum")
+    got, count = window_nll(llama, ids, positions)
+    assert count == 39 and got == pytest.approx(float(nll), rel=1e-6)

@@ -227,6 +227,9 @@ def capture_window(
 ) -> dict[int, dict[str, torch.Tensor]]:
     """One forward pass over ``input_ids`` ([1, S]) returning the captured q/k/v (see :class:`QKVCapture`)."""
     with QKVCapture(model, layers, heads, kinds) as cap:
-        kwargs = {} if position_ids is None else {"position_ids": position_ids.to(model_device(model))}
-        model(input_ids=input_ids.to(model_device(model)), use_cache=False, **kwargs)
+        device = model_device(model)
+        kwargs = {"logits_to_keep": 1} if hasattr(model, "lm_head") else {}  # the logits are never used
+        if position_ids is not None:  # explicit mask: jumps in position ids must not read as packed documents
+            kwargs.update(position_ids=position_ids.to(device), attention_mask=torch.ones_like(input_ids).to(device))
+        model(input_ids=input_ids.to(device), use_cache=False, **kwargs)
     return cap.captured

@@ -120,8 +120,8 @@ def distance_bias(
     heads = check_heads(model, heads)
     input_ids = check_ids(input_ids, 3, "distance_bias")
     length = input_ids.shape[1]
-    if short is None and long is None:
-        short, long = scaled_ranges(length)
+    if short is None and long is None:  # half the text, so queries can sit at many positions past the long range
+        short, long = scaled_ranges((length + 1) // 2)
     elif short is None or long is None:
         raise ValueError("pass both short and long distance ranges, or neither (paper ranges scaled to the text).")
     short, long = tuple(short), tuple(long)

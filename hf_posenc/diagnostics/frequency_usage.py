@@ -105,7 +105,8 @@ def plot_frequency_usage(
     low) for q, k and v, one row of panels per model (Fig. 3 / Fig. 4)."""
     named = normalise_named(results, FrequencyUsageResult)
     plt = pyplot()
-    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False)
+    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False,
+                             layout="constrained")
     for row, (name, res) in enumerate(named.items()):
         for col, (kind, label) in enumerate((("q", "queries"), ("k", "keys"), ("v", "values (control)"))):
             table = torch.tensor(res._norms(kind))

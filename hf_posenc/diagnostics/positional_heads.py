@@ -182,7 +182,8 @@ def plot_positional_heads(
     """Layer × head heatmaps of the three scores, one row per model; found heads are circled."""
     named = normalise_named(results, PositionalHeadsResult)
     plt = pyplot()
-    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False)
+    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False,
+                             layout="constrained")
     for row, (name, res) in enumerate(named.items()):
         for col, (key, label) in enumerate(
             (("diagonal", "diagonal α_ii"), ("previous", "previous-token α_i,i−1"), ("high_freq_usage", "high-freq share"))

@@ -107,7 +107,7 @@ class SemanticDecayResult(ResultMixin):
 def semantic_decay(
     frequency_sets: Mapping[str, torch.Tensor], distances: torch.Tensor | None = None, *, max_distance: int = 32768,
     points: int = 2048, sigma: float = 1.0, samples: int = 4096, noise: float = 0.5, seed: int = 0,
-    ringing_smooth: int = 1, name: str = "",
+    ringing_smooth: int = 16, name: str = "",
 ) -> SemanticDecayResult:
     """Decay curves (eq. 6) and the empirical gap for named frequency sets, e.g. ``{"rope": θ, "cope": θ′}``.
 
