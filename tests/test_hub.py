@@ -90,29 +90,38 @@ def test_every_scheme_publishes_and_loads_back_three_ways(tmp_path):
             assert torch.equal(torch.load(job["out"]), expected[scheme]), (scheme, mode)
 
 
-def test_tape_adapter_publishes_and_restores_on_a_base_loaded_each_way(tmp_path):
+def test_adapters_of_every_scheme_publish_and_restore_on_a_base_loaded_each_way(tmp_path):
+    """A LoRA adapter (plus TAPE's own weights) on each patched base, pushed next to its base, restores exactly on
+    the base loaded with the plugin and through remote code."""
     peft = pytest.importorskip("peft")
     from hf_posenc.adapters import lora_config
 
     hub = LocalHub(tmp_path / "hub")
     ids = random_ids(2, 24)
-    base = hf_posenc.patch_model(tiny_model("qwen3"), "tape")
-    base.push_to_hub("me/base", api=hub)
-    wrapped = peft.get_peft_model(base, lora_config(base, r=2))
-    for p in wrapped.parameters():
-        if p.requires_grad:
-            p.data.add_(torch.randn_like(p) * 0.2)
-    with torch.no_grad():
-        expected = wrapped(ids).logits
-    hf_posenc.push_to_hub(wrapped, "me/adapter", api=hub, base_repo="me/base")
-    repo = tmp_path / "hub" / "me" / "adapter"
-    card = (repo / "README.md").read_text()
-    assert front_matter(card)["library_name"] == "peft" and 'load_adapter(AutoModelForCausalLM.from_pretrained("me/base")' in card
-    for mode in ("plugin", "remote"):
-        job = jobs_for([tmp_path / "hub" / "me" / "base"], f"adapter-{mode}", adapter=str(repo))
-        result = load_in_fresh_process(job, ids, tmp_path, mode)[job[0]["out"]]
-        assert "error" not in result, result
-        assert torch.equal(torch.load(job[0]["out"]), expected), mode
+    expected, jobs = {}, {"plugin": [], "remote": []}
+    for scheme, options in SCHEMES:
+        base = patched(scheme, options, arch="qwen3")
+        base.push_to_hub(f"me/{scheme}-base", api=hub)
+        wrapped = peft.get_peft_model(base, lora_config(base, r=2))
+        for p in wrapped.parameters():
+            if p.requires_grad:
+                p.data.add_(torch.randn_like(p) * 0.2)
+        with torch.no_grad():
+            expected[scheme] = wrapped(ids).logits
+        hf_posenc.push_to_hub(wrapped, f"me/{scheme}-adapter", api=hub, base_repo=f"me/{scheme}-base")
+        repo = tmp_path / "hub" / "me" / f"{scheme}-adapter"
+        card = (repo / "README.md").read_text()
+        assert front_matter(card)["library_name"] == "peft"
+        assert f'load_adapter(AutoModelForCausalLM.from_pretrained("me/{scheme}-base")' in card
+        for mode in jobs:
+            jobs[mode] += jobs_for([tmp_path / "hub" / "me" / f"{scheme}-base"], f"adapter-{mode}", [scheme],
+                                   adapter=str(repo))
+    for mode, mode_jobs in jobs.items():
+        results = load_in_fresh_process(mode_jobs, ids, tmp_path, mode)
+        for job in mode_jobs:
+            scheme = Path(job["dir"]).name.removesuffix("-base")
+            assert "error" not in results[job["out"]], results[job["out"]]
+            assert torch.equal(torch.load(job["out"]), expected[scheme]), (scheme, mode)
 
 
 def test_card_carries_the_evaluation_table_and_plot(tmp_path):

@@ -53,6 +53,8 @@ def test_a_still_quantized_gguf_model_is_refused_with_the_fix(smollm2):
     before = copy.deepcopy(quantized.config.to_dict())
     with pytest.raises(ValueError, match=r"GgufConfig\(dequantize=True\)"):
         hf_posenc.patch_model(quantized, "cope")
+    with pytest.raises(ValueError, match=r"GgufConfig\(dequantize=True\)"):
+        hf_posenc.push_to_hub(quantized, "me/never-uploaded", api=object())
     assert quantized.config.to_dict() == before and type(quantized).__name__ == "LlamaForCausalLM"
 
 
