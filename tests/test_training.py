@@ -288,12 +288,14 @@ def test_resume_after_kill_repeats_the_loss_trajectory(workspace):
 def test_two_process_run(workspace):
     recipe = _recipe(workspace, "ddp", training={"max_steps": 3, "save_steps": 3})
     (workspace / "ddp.yaml").write_text(yaml.safe_dump(recipe))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", "29533",
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(REPO / "recipes" / "accelerate" / "cpu-2proc.yaml"), "--main_process_port", "29533",
            "-m", "hf_posenc.training.cli", str(workspace / "ddp.yaml")]
     done = subprocess.run(cmd, env=_env(), capture_output=True, timeout=120)
     assert done.returncode == 0, done.stderr.decode()[-3000:]
     losses = [r for r in read_log(workspace / "ddp" / "log.jsonl") if "loss" in r]
     assert [r["step"] for r in losses] == [1, 2, 3]
+    assert all(r["world_size"] == 2 for r in losses)  # really two processes
     assert (workspace / "ddp" / "adapter" / "adapter_model.safetensors").exists()
     state = json.loads((workspace / "ddp" / "checkpoint-3" / "trainer_state.json").read_text())
     assert state["global_step"] == 3

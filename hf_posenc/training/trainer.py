@@ -197,7 +197,7 @@ class JsonlLogCallback(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
         if state.is_world_process_zero and logs:
             with self.path.open("a") as fh:
-                fh.write(json.dumps({"step": state.global_step, **logs}) + "\n")
+                fh.write(json.dumps({"step": state.global_step, "world_size": args.world_size, **logs}) + "\n")
 
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
