@@ -31,6 +31,18 @@ from .hub import push_to_hub  # noqa: E402
 
 __version__ = LIBRARY_VERSION
 
+
+def _guard_peft() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("peft") is not None:
+        from .adapters import guard_peft_loading
+
+        guard_peft_loading()
+
+
+_guard_peft()
+
 __all__ = [
     "patch_model", "get_scheme", "export_stock", "push_to_hub", "make_scheme", "SCHEMES", "ADAPTERS", "SchemeConfig",
     "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "TAPAConfig", "TAPEConfig", "FORMAT_VERSION", "__version__",

@@ -3,7 +3,8 @@
 PEFT saves only the adapter weights and ``modules_to_save``: new parameters that merely have
 ``requires_grad=True`` are silently dropped, and an adapter with ``modules_to_save`` loaded onto a base that lacks
 those modules silently drops them too. :func:`lora_config` puts a scheme's modules (TAPE's ``tape`` blocks) in
-``modules_to_save``; :func:`save_adapter` records the scheme next to the adapter and :func:`load_adapter` checks it.
+``modules_to_save``; :func:`save_adapter` records the scheme next to the adapter; :func:`check_adapter_base`
+refuses a base without them, and :func:`guard_peft_loading` makes ``PeftModel.from_pretrained`` run that check.
 """
 
 from __future__ import annotations
@@ -67,23 +68,58 @@ def save_adapter(peft_model: Any, path: str | os.PathLike, **kwargs: Any) -> Pat
     return path
 
 
+def check_adapter_base(base: Any, model_id: str | os.PathLike, config: Any = None, **kwargs: Any) -> None:
+    """Raise if ``base`` lacks the scheme modules (TAPE's ``tape``) or the scheme an adapter was trained with, where
+    PEFT would silently drop those weights. Other adapters pass untouched."""
+    from peft import PeftConfig
+
+    from .schemes import SCHEMES
+
+    if config is None:
+        hub = {k: kwargs[k] for k in ("subfolder", "revision", "token", "cache_dir") if kwargs.get(k) is not None}
+        config = PeftConfig.from_pretrained(model_id, **hub)
+    scheme_modules = {m for cls in SCHEMES.values() for m in cls.trainable_modules}
+    names = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
+    missing = [m for m in (config.modules_to_save or []) if m in scheme_modules and m not in names]
+    record_file = Path(model_id) / kwargs.get("subfolder", "") / ADAPTER_RECORD
+    trained = json.loads(record_file.read_text())["hf_posenc"] if record_file.is_file() else None
+    current = scheme_record(base)
+    mismatch = trained is not None and (current is None or current.scheme.name != trained["scheme"])
+    if missing or mismatch:
+        scheme = trained["scheme"] if trained else "tape"
+        raise ValueError(
+            f"this adapter was trained on a model patched with {scheme!r} (modules {missing} are missing from the "
+            f"base); patch the base first: `hf_posenc.patch_model(base, {scheme!r}, ...)`, or load the base from a "
+            "checkpoint saved after patching. PEFT would otherwise drop the scheme's weights silently."
+        )
+
+
+def guard_peft_loading() -> None:
+    """Make ``PeftModel.from_pretrained`` (and the ``AutoPeftModel`` classes, which call it) run
+    :func:`check_adapter_base` first. PEFT has no registration hook for such a check, so its classmethod is wrapped
+    once; the check only ever raises for adapters carrying hf-posenc scheme modules. Installed by
+    ``import hf_posenc`` when PEFT is available."""
+    import functools
+
+    from peft import PeftModel
+
+    original = PeftModel.__dict__["from_pretrained"].__func__
+    if getattr(original, "_hf_posenc_guard", False):
+        return
+
+    @functools.wraps(original)
+    def from_pretrained(cls, model, model_id, *args, **kwargs):
+        check_adapter_base(model, model_id, config=kwargs.get("config"), **kwargs)
+        return original(cls, model, model_id, *args, **kwargs)
+
+    from_pretrained._hf_posenc_guard = True
+    PeftModel.from_pretrained = classmethod(from_pretrained)
+
+
 def load_adapter(base: Any, path: str | os.PathLike, **kwargs: Any):
     """``PeftModel.from_pretrained(base, path)``, refusing a base that lacks the modules or scheme the adapter was
-    trained with (where PEFT would silently drop them)."""
-    from peft import PeftConfig, PeftModel
+    trained with (see :func:`check_adapter_base`)."""
+    from peft import PeftModel
 
-    path = Path(path)
-    config = PeftConfig.from_pretrained(path)
-    names = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
-    missing = [m for m in (config.modules_to_save or []) if m not in names]
-    record_file = path / ADAPTER_RECORD
-    trained = json.loads(record_file.read_text())["hf_posenc"] if record_file.exists() else None
-    current = scheme_record(base)
-    if missing or (trained is not None and (current is None or current.scheme.name != trained["scheme"])):
-        scheme = trained["scheme"] if trained else "a scheme"
-        raise ValueError(
-            f"this adapter was trained on a model patched with {scheme!r} (modules {missing or []} are missing from "
-            f"the base); patch the base first: `hf_posenc.patch_model(base, {scheme!r}, ...)`, or load the base "
-            "from a checkpoint saved after patching."
-        )
+    guard_peft_loading()
     return PeftModel.from_pretrained(base, path, **kwargs)

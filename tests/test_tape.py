@@ -249,3 +249,7 @@ def test_peft_adapter_round_trip_restores_tape_weights_and_refuses_an_unpatched_
     assert torch.equal(logits(again, ids), expected)
     with pytest.raises(ValueError, match=r"patch the base first: `hf_posenc.patch_model\(base, 'tape'"):
         load_adapter(tiny_model("llama"), tmp_path / "adapter")
+    unpatched = tiny_model("llama")
+    with pytest.raises(ValueError, match=r"modules \['tape'\] are missing from the base"):
+        peft.PeftModel.from_pretrained(unpatched, tmp_path / "adapter")  # PEFT alone would drop them silently
+    assert not hasattr(unpatched, "peft_config")
