@@ -39,6 +39,15 @@ def parse_model_spec(spec: str) -> tuple[str, str]:
     return os.path.basename(os.path.normpath(spec)) or spec, spec
 
 
+def parse_model_specs(specs: list[str]) -> list[tuple[str, str]]:
+    """Several ``NAME=PATH``/``PATH`` arguments; names must be unique (they label results side by side)."""
+    parsed = [parse_model_spec(s) for s in specs]
+    names = [n for n, _ in parsed]
+    if len(set(names)) != len(names):
+        raise ValueError(f"model names {names} repeat; name them with NAME=PATH.")
+    return parsed
+
+
 def load_model(path: str | os.PathLike, gguf_file: str | None = None, **kwargs: Any):
     """``AutoModelForCausalLM.from_pretrained``; a GGUF file is loaded dequantized (so it can be saved/trained)."""
     from transformers import AutoModelForCausalLM, GgufConfig

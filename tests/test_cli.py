@@ -37,3 +37,9 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys):
     assert cli(["export", str(tmp_path / "base"), str(tmp_path / "out"), "--no-tokenizer"]) == 2
     assert "carries no hf-posenc scheme" in capsys.readouterr().err
     assert hf_posenc.get_scheme(load_model(tmp_path / "base")) is None
+
+
+def test_repeated_model_names_are_refused(tmp_path, capsys):
+    (tmp_path / "t.txt").write_text("some text " * 50)
+    code = cli(["diagnose", "a=x", "a=y", "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "o")])
+    assert code == 2 and "repeat; name them with NAME=PATH" in capsys.readouterr().err

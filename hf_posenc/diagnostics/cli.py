@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Any
 
-from ..models import parse_model_spec
+from ..models import parse_model_specs
 
 ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
 
@@ -154,10 +154,7 @@ def run_diagnose(args: argparse.Namespace) -> int:
         text = f.read()
     if not text.strip():
         raise SystemExit(f"hf-posenc diagnose: {args.text} is empty.")
-    specs = [parse_model_spec(s) for s in args.models]
-    names = [n for n, _ in specs]
-    if len(set(names)) != len(names):
-        raise SystemExit(f"hf-posenc diagnose: model names {names} repeat; name them with NAME=PATH.")
+    specs = parse_model_specs(args.models)
     results: dict[str, dict[str, Any]] = {}
     for name, path in specs:
         print(f"loading {name} from {path}...", file=sys.stderr)

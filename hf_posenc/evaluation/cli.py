@@ -12,7 +12,7 @@ import argparse
 import sys
 from typing import Any
 
-from ..models import parse_model_spec, split_gguf
+from ..models import parse_model_specs, split_gguf
 
 from .runner import DEFAULT_DEPTHS, TASKS
 
@@ -95,15 +95,6 @@ def load_tokenizer(path: str, gguf_file: str | None = None) -> Any:
     return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
 
 
-def _import_plugin() -> None:
-    """Import hf_posenc so patched checkpoints (their model types) load; tell the user when that fails."""
-    try:
-        import hf_posenc  # noqa: F401
-    except ImportError as err:
-        print(f"hf-posenc eval: warning: `import hf_posenc` failed ({err}); checkpoints patched by hf-posenc will "
-              "not load, stock checkpoints still do.", file=sys.stderr)
-
-
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``hf-posenc eval``; returns the exit status (errors raise ``ValueError``/``OSError`` with the fix)."""
     from .report import write_report
@@ -118,11 +109,7 @@ def run_eval(args: argparse.Namespace) -> int:
             text = f.read()
         if not text.strip():
             raise ValueError(f"{args.text} is empty; --text needs a long UTF-8 text")
-    specs = [parse_model_spec(s) for s in args.models]
-    names = [n for n, _ in specs]
-    if len(set(names)) != len(names):
-        raise ValueError(f"model names {names} repeat; name them with NAME=PATH")
-    _import_plugin()
+    specs = parse_model_specs(args.models)
     shared_tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     result = None
     for name, path in specs:  # one model in memory at a time

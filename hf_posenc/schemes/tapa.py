@@ -15,6 +15,7 @@ restart per document) and cached decoding give the same scores as one full pass.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
@@ -136,6 +137,7 @@ def tapa_attention_forward(
     return out.transpose(1, 2).contiguous(), None
 
 
+@functools.cache  # runs once per backend, not in every layer's forward
 def tapa_function(backend: str):
     """The TAPA op for a backend: the Triton dispatcher (``auto``/``triton``) or the reference. Checkpoint remote
     code carries only the reference; there ``auto`` falls back to it and ``triton`` is a clear error."""
