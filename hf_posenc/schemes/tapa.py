@@ -77,16 +77,48 @@ class TAPAConfig(SchemeConfig):
 
 
 def tapa_mask(
-    batch_size: int, q_length: int, kv_length: int, q_offset: int = 0, kv_offset: int = 0, mask_function=None,
-    attention_mask: torch.Tensor | None = None, **kwargs: Any,
+    batch_size: int, q_length: int, kv_length: int, q_offset: int | torch.Tensor = 0, kv_offset: int = 0,
+    mask_function=None, attention_mask: torch.Tensor | None = None, device: torch.device | str = "cpu",
+    **kwargs: Any,
 ) -> torch.Tensor | None:
-    """``AttentionMaskInterface`` entry for kernels that take the 2-D key padding mask (TAPA, fused TAPE):
-    causality, sliding windows and packed documents are handled in the attention function; ``None`` means no
-    padding."""
+    """``AttentionMaskInterface`` entry for kernels that take the 2-D key padding mask (TAPA, fused TAPE).
+
+    Causality, sliding windows and packed documents are handled in the attention function; this returns the key
+    padding mask [B, written keys] (True = attend), or ``None`` when every key is written and real.
+
+    A static cache hands attention all of its preallocated slots (``kv_length``), of which only the first
+    ``q_offset − kv_offset + q_length`` hold keys: the past ones and the current queries'. The mask then always
+    exists and covers only those written keys; :func:`written_keys` drops the rest, so the queries sit at the end
+    of the keys exactly as with a dynamic cache.
+    """
+    written = int(q_offset) - kv_offset + q_length
     if attention_mask is None:
-        return None
-    mask = attention_mask[:, kv_offset : kv_offset + kv_length].bool()
-    return None if bool(mask.all()) else mask
+        return None if written >= kv_length else torch.ones(batch_size, written, dtype=torch.bool, device=device)
+    if attention_mask.shape[-1] < kv_offset + written:
+        raise ValueError(
+            f"attention_mask covers {attention_mask.shape[-1]} tokens but the cache and the input hold "
+            f"{kv_offset + written}; pass the mask of every past and current token."
+        )
+    mask = attention_mask[:, kv_offset : kv_offset + written].bool()
+    return None if written >= kv_length and bool(mask.all()) else mask
+
+
+def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """Keys and values an attention function may read, and their padding mask (``None``: no padding).
+
+    ``attention_mask`` comes from :func:`tapa_mask`. When it is shorter than the keys, the cache is static and the
+    slots after the mask are not written yet: they are dropped, so the queries are the last keys again.
+    """
+    if attention_mask is None:
+        return key, value, None
+    if attention_mask.dim() != 2:
+        raise ValueError("got a 4-D attention mask; this attention builds its own mask from the 2-D padding mask.")
+    written = attention_mask.shape[-1]
+    if written > key.shape[2]:
+        raise ValueError(f"the padding mask covers {written} keys but attention received {key.shape[2]}.")
+    key, value = key[:, :, :written], value[:, :, :written]
+    return key, value, None if bool(attention_mask.all()) else attention_mask
 
 
 def _positions(position_ids: torch.Tensor | None, key_padding: torch.Tensor | None, batch: int, q_len: int,
@@ -120,11 +152,9 @@ def tapa_attention_forward(
     if softcap is not None:
         raise ValueError("tapa: attention-logit soft-capping (Gemma2) does not apply to TAPA scores; set "
                          "config.attn_logit_softcapping = None before patching.")
+    key, value, key_padding = written_keys(key, value, attention_mask)
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
-    key_padding = attention_mask if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2 else None
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
-        raise ValueError("tapa: got a 4-D attention mask; TAPA builds its own mask from the 2-D padding mask.")
     q_pos, k_pos = _positions(position_ids, key_padding, batch, q_len, kv_len, query.device)
     segments = find_packed_sequence_indices(q_pos) if q_len == kv_len and position_ids is not None else None
     fn = tapa_function(options["backend"])

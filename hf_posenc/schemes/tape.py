@@ -30,6 +30,7 @@ import torch
 from torch import nn
 
 from .base import FrequencySchemeConfig, SchemeConfig, check_type
+from .tapa import tapa_mask, written_keys
 
 ATTN_NAME = "hf_posenc_tape"
 
@@ -226,17 +227,16 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
                          "this model.")
     if dropout and module.training:
         raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
-    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() != 2:
-        raise ValueError("tape: the fused kernel takes the 2-D padding mask from its own mask function.")
+    key, value, key_padding = written_keys(key, value, attention_mask)  # static caches: written slots only
     if position_ids is not None and query.shape[2] == key.shape[2] and position_ids.shape[-1] > 1:
         pos = position_ids.expand(query.shape[0], -1)
         steps = pos[:, 1:] - pos[:, :-1]
-        real = torch.ones_like(pos, dtype=torch.bool) if attention_mask is None else attention_mask
+        real = torch.ones_like(pos, dtype=torch.bool) if key_padding is None else key_padding
         if bool(((steps != 1) & real[:, 1:] & real[:, :-1]).any()):
             raise ValueError("tape: the fused kernel does not mask packed sequences; use backend='auto' for them.")
     d = query.shape[-1]
     o, e = tape_attention(query, key, value[..., :d].contiguous(), value[..., d:].contiguous(), scale=scaling,
-                          causal=True, key_padding_mask=attention_mask)
+                          causal=True, key_padding_mask=key_padding)
     return torch.cat([o, e.to(o.dtype)], dim=-1).transpose(1, 2).contiguous(), None
 
 
@@ -244,8 +244,6 @@ def register_tape_attention() -> None:
     """Register the fused kernel's attention and (2-D padding) mask functions under :data:`ATTN_NAME`."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
-
-    from .tapa import tapa_mask
 
     AttentionInterface.register(ATTN_NAME, tape_fused_attention_forward)
     AttentionMaskInterface.register(ATTN_NAME, tapa_mask)

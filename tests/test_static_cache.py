@@ -1,0 +1,95 @@
+"""Static KV caches (``StaticCache``, ``generate(cache_implementation="static")``, what ``torch.compile``d generation
+uses) give the tokens and logits of a dynamic cache and of full forward passes, for every scheme and family.
+
+A static cache hands attention all of its preallocated slots, most of them not written yet, with the queries in
+the middle; an attention that assumes the queries are the last keys (TAPA, fused TAPE) reads the empty slots and
+misplaces causality. Sliding windows of 6 on Gemma2/3 make the static sliding-window layers wrap during the test.
+"""
+
+import warnings
+
+import pytest
+import torch
+from transformers import StaticCache
+
+import hf_posenc
+from hf_posenc.schemes.tape import TapeBlock
+from tiny import ARCHS, greedy_without_cache, logits, random_ids, tiny_model
+
+SCHEMES = {
+    "cope": dict(clip_low_n=3),
+    "hardclip": dict(clip_low_n=2),
+    "prope": dict(p=0.5),
+    "rope": dict(scaling="yarn", factor=2.0),
+    "tapa": dict(backend="reference"),
+    "tapa-triton": dict(backend="triton"),
+    "tape": dict(frequencies={"scheme": "cope", "clip_low_n": 2}),
+    "tape-triton": dict(backend="triton"),
+}
+PROMPT, NEW = 8, 6
+
+
+def static_model(arch: str, scheme: str):
+    """A tiny model of ``arch`` patched with ``scheme``; TAPE weights random so that the states matter."""
+    config = {"sliding_window": 6} if arch in ("gemma2", "gemma3_text") else {}
+    if arch == "gemma2" and scheme.startswith("tapa"):
+        config.update(attn_logit_softcapping=None, final_logit_softcapping=None)  # TAPA scores take no soft-cap
+    model = tiny_model(arch, "eager" if arch == "gemma2" else "sdpa", **config)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TAPA warns that it needs training
+        model = hf_posenc.patch_model(model, scheme.removesuffix("-triton"), **SCHEMES[scheme])
+    g = torch.Generator().manual_seed(0)
+    for block in (m for m in model.modules() if isinstance(m, TapeBlock)):
+        for p in block.parameters():
+            p.data = torch.randn(p.shape, generator=g) * 0.3
+    # float64 where the backend takes it (the Triton kernels do not): cached and full passes then differ only by
+    # rounding far below any logit gap
+    return model if scheme.endswith("-triton") else model.double()
+
+
+def refused(arch: str, scheme: str) -> bool:
+    return scheme == "tape-triton" and arch in ("gemma2", "gemma3_text")  # the fused kernel has no sliding window
+
+
+@pytest.mark.parametrize("scheme", SCHEMES)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_static_cache_prefill_and_generation_equal_the_dynamic_cache_and_full_passes(arch, scheme):
+    model = static_model(arch, scheme)
+    triton = scheme.endswith("-triton")  # interpreted kernels are slow: one row, fewer tokens, no recomputation
+    ids = random_ids(1 if triton else 2, PROMPT)
+    if refused(arch, scheme):
+        with pytest.raises(ValueError, match="no sliding window"):
+            logits(model, ids)
+        return
+    with torch.no_grad():
+        cache = StaticCache(config=model.config, max_cache_len=32)  # 24 slots stay unwritten
+        prefill = model(ids, past_key_values=cache, use_cache=True).logits
+        step = model(ids[:, :1], past_key_values=cache, use_cache=True).logits  # one decode step after it
+    full = logits(model, ids)
+    if scheme.startswith(("tapa", "tape-")):  # hf-posenc's own attention reads exactly the written keys
+        assert torch.equal(prefill, full)
+    else:  # Transformers' attention masks the empty slots (its eager Gemma2 differs from a full pass by ~1e-7)
+        torch.testing.assert_close(prefill, full, rtol=1e-6, atol=1e-6)
+    tol = 1e-5 if triton else 1e-6
+    torch.testing.assert_close(step[:, -1], logits(model, torch.cat([ids, ids[:, :1]], 1))[:, -1], rtol=tol, atol=tol)
+
+    kw = dict(max_new_tokens=3 if triton else NEW, do_sample=False, pad_token_id=0, eos_token_id=None)
+    static = model.generate(ids, cache_implementation="static", **kw)
+    assert torch.equal(static, model.generate(ids, **kw))
+    if not triton:  # cached Triton decoding against full passes: test_tapa.py / test_tape.py
+        assert torch.equal(static, greedy_without_cache(model, ids, NEW))
+
+
+@pytest.mark.parametrize("scheme", ["tapa", "tape-triton"])
+def test_static_cache_with_a_left_padded_batch_equals_the_dynamic_cache(scheme):
+    model = static_model("qwen3", scheme)
+    ids = random_ids(2, PROMPT)
+    mask = torch.ones_like(ids)
+    mask[0, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None,
+              output_logits=True, return_dict_in_generate=True)
+    static = model.generate(ids, cache_implementation="static", **kw)
+    dynamic = model.generate(ids, **kw)
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for a, b in zip(static.logits, dynamic.logits):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
