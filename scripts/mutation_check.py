@@ -1,0 +1,498 @@
+#!/usr/bin/env python
+"""Mutation check: proves that the test suite can fail.
+
+Each mutation below is a named wrong edit of the code (a wrong head, a dropped mask, a frequency taper in the wrong
+variable, ...). The check applies one at a time to a COPY of the repository (the shared working tree is never
+touched), runs the tests listed for it in that copy, and expects them to fail. It exits 1, listing the culprits,
+when a mutation survives (its tests still pass), when a mutation's anchor text no longer occurs exactly once in its
+file (the code moved on: update the mutation so the check cannot silently rot), when a run errs instead of failing
+(collection error, timeout, or the copy's code was not the code imported), or when the listed tests fail without any
+mutation (a baseline run on an unmutated copy, so that a kill means something).
+
+    python scripts/mutation_check.py                  # everything, 2 runs at a time
+    python scripts/mutation_check.py --list           # names, files and tests
+    python scripts/mutation_check.py --only tapa-ignores-alpha tape-psi-reads-residual-stream
+    python scripts/mutation_check.py --anchors        # only check that every anchor is present once (seconds)
+
+The copy holds the files git tracks or would track (``git ls-files -co --exclude-standard``) under
+:data:`COPIED`; the tests run with the copy as working directory and first entry of ``PYTHONPATH``, and a pytest
+plugin written into the copy checks that ``hf_posenc`` was imported from it (hf-posenc is installed editable,
+pointing at the main working tree, so a slip here would test the unmutated code).
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+COPIED = ("hf_posenc", "tests", "recipes", "pyproject.toml", "README.md")  # what the tests import or read
+GUARD_MODULE = "_mutation_guard"
+GUARD_OK = "MUTATION-GUARD hf_posenc imported from the copy"
+GUARD = f'''"""Written by scripts/mutation_check.py: fail the run if hf_posenc is not the mutated copy's."""
+import importlib
+import os
+
+import pytest
+
+
+def pytest_collection_finish(session):
+    module = importlib.import_module("hf_posenc")
+    root = os.path.realpath(os.environ["HF_POSENC_MUTATION_COPY"])
+    where = os.path.realpath(module.__file__)
+    if not where.startswith(root + os.sep):
+        pytest.exit(f"hf_posenc was imported from {{where}}, not from the mutated copy {{root}}", returncode=3)
+    print("\\n{GUARD_OK}", flush=True)
+'''
+
+TAPE_EQ = "tests/test_tape_equations.py"
+TAPA_EQ = "tests/test_tapa_equations.py"
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """A wrong edit: replace ``old`` (which must occur exactly once in ``file``) by ``new``; ``tests`` must fail."""
+
+    name: str
+    file: str
+    old: str
+    new: str
+    tests: tuple[str, ...]
+    why: str
+
+
+MUTATIONS: tuple[Mutation, ...] = (
+    # -- TAPE (paper §3.2, eq. 6-8) ----------------------------------------------------------------------------
+    Mutation(
+        "tape-query-heads-use-the-wrong-kv-state", "hf_posenc/schemes/tape.py",
+        "q = rotate(q, e_kv.repeat_interleave(groups, dim=1))",
+        "q = rotate(q, e_kv.repeat(1, groups, 1, 1))",
+        (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
+        "eq. 6 with GQA: query head h must be rotated by the state of its own key/value head h // group",
+    ),
+    Mutation(
+        "tape-psi-reads-residual-stream", "hf_posenc/schemes/tape.py",
+        "e = tape.mlp_update(tape.attention_update(e, e_tilde), m)",
+        "e = tape.mlp_update(tape.attention_update(e, e_tilde), x)",
+        (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
+        "eq. 8: ψ reads the token MLP's output, not the residual stream after it",
+    ),
+    Mutation(
+        "tape-eq7-removed-state-not-mixed-by-attention", "hf_posenc/schemes/tape.py",
+        "return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), e_tilde",
+        "return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), e.repeat_interleave(groups, dim=2)",
+        (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
+        "eq. 7: Ẽ = P·E, not E",
+    ),
+    Mutation(
+        "tape-updated-state-not-passed-to-the-next-layer", "hf_posenc/schemes/tape.py",
+        "states = torch.cat([states[:, :, :t], e[:, :, None], states[:, :, t + 1 :]], dim=2)",
+        "states = states",
+        (f"{TAPE_EQ}::test_model_logits_follow_eq_6_to_8_across_layers",),
+        "§3.2: the contextualised state of layer l is the positional encoding of layer l+1",
+    ),
+    Mutation(
+        "tape-psi-without-silu", "hf_posenc/schemes/tape.py",
+        "gate = nn.functional.silu(self.w_psi(mlp_out)).unsqueeze(-2)",
+        "gate = self.w_psi(mlp_out).unsqueeze(-2)",
+        (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
+        "eq. 8: ψ is an MLP (silu gate, as in the released code), not a linear map",
+    ),
+    Mutation(
+        "tape-attention-update-without-residual", "hf_posenc/schemes/tape.py",
+        "return e + self._over_heads(self.attn_mix, e_tilde)",
+        "return self._over_heads(self.attn_mix, e_tilde)",
+        (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
+        "§3.3: the update is added to E through a residual connection (zero init = the original model)",
+    ),
+    Mutation(
+        "tape-gemma3-layer-types-share-one-state", "hf_posenc/schemes/tape.py",
+        "return layer_types.index(config.layer_types[layer_idx]) if len(layer_types) > 1 else 0",
+        "return 0",
+        (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
+        "Gemma3 sliding and global layers rotate with different bases: each type keeps its own state",
+    ),
+    Mutation(
+        "tape-sdpa-path-mixes-values-into-the-state", "hf_posenc/schemes/tape.py",
+        "e_tilde, _ = fn(attn, q, k, v[..., d:], attention_mask, **common)",
+        "e_tilde, _ = fn(attn, q, k, v[..., :d], attention_mask, **common)",
+        (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
+        "eq. 7 on the fused backends (second attention call): Ẽ = P·E, not P·V",
+    ),
+    Mutation(
+        "tape-kernel-dk-misses-the-softmax-scale", "hf_posenc/kernels/tape/triton_tape.py",
+        "(dk * scale).to(DK.dtype.element_ty)",
+        "dk.to(DK.dtype.element_ty)",
+        ("tests/test_tape_kernel.py::test_triton_forward_and_gradients_match_reference",),
+        "backward of S = scale·q kᵀ: dk = scale·dSᵀ·q",
+    ),
+    # -- TAPA (paper §3 eq. 12, §4.5 eq. 16) -------------------------------------------------------------------
+    Mutation(
+        "tapa-ignores-key-padding", "hf_posenc/schemes/tapa.py",
+        "key_padding_mask=key_padding, q_segment_ids=segments",
+        "key_padding_mask=None, q_segment_ids=segments",
+        (f"{TAPA_EQ}::test_left_padding_equals_unpadded_rows",),
+        "padded keys must not be attended",
+    ),
+    Mutation(
+        "tapa-ignores-alpha", "hf_posenc/schemes/tapa.py",
+        'alpha=options["alpha"]', "alpha=0.1",
+        (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
+        "eq. 12: the distance exponent α is an option",
+    ),
+    Mutation(
+        "tapa-ignores-theta", "hf_posenc/schemes/tapa.py",
+        'theta=options["theta"]', "theta=0.5",
+        (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
+        "eq. 11-12: the amplitude/phase split θ is an option",
+    ),
+    Mutation(
+        "tapa-ignores-phase", "hf_posenc/schemes/tapa.py",
+        'phase=options["phase"]', 'phase="quadratic"',
+        (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
+        "§4.5 eq. 16: phase='linear' is the ablation",
+    ),
+    Mutation(
+        "tapa-decode-key-positions-off-by-one", "hf_posenc/schemes/tapa.py",
+        "after = real.flip(-1).long().cumsum(-1).flip(-1) - real.long()",
+        "after = real.flip(-1).long().cumsum(-1).flip(-1)",
+        (f"{TAPA_EQ}::test_decode_equals_the_full_pass",),
+        "eq. 12 needs |m − n| exactly: a cached key keeps its position",
+    ),
+    Mutation(
+        "tapa-ignores-sliding-window", "hf_posenc/schemes/tapa.py",
+        'extra = {} if sliding_window is None else {"sliding_window": sliding_window}',
+        "extra = {}",
+        ("tests/test_tapa.py::test_sliding_window_layers_keep_their_window",),
+        "Gemma2/3 sliding layers keep their window under TAPA",
+    ),
+    Mutation(
+        "tapa-ignores-packed-sequences", "hf_posenc/schemes/tapa.py",
+        "segments = find_packed_sequence_indices(q_pos) if q_len == kv_len and position_ids is not None else None",
+        "segments = None",
+        ("tests/test_tapa.py::test_packed_sequences_equal_separate_passes",),
+        "packed documents must not attend across their boundary",
+    ),
+    Mutation(
+        "tapa-linear-phase-subtracts", "hf_posenc/kernels/tapa/naive.py",
+        "ph = q_p.sum(-1)[..., :, None] + k_p.sum(-1)[..., None, :]",
+        "ph = q_p.sum(-1)[..., :, None] - k_p.sum(-1)[..., None, :]",
+        (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
+        "eq. 16: φ = (q_P, k_P)·1 = Σ q_P + Σ k_P",
+    ),
+    Mutation(
+        "tapa-phase-normalised-by-the-amplitude-width", "hf_posenc/kernels/tapa/naive.py",
+        "c_p = 1.0 / math.sqrt(args.phase_dims)",
+        "c_p = 1.0 / math.sqrt(args.amp_dims)",
+        (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
+        "eq. 12: the phase is divided by √((1−θ)D)",
+    ),
+    Mutation(
+        "tapa-kernel-phase-normalised-by-the-amplitude-width", "hf_posenc/kernels/tapa/triton_tapa.py",
+        "math.log2(1.0 / math.sqrt(args.phase_dims))",
+        "math.log2(1.0 / math.sqrt(args.amp_dims))",
+        (f"{TAPA_EQ}::test_triton_kernel_in_the_model_follows_eq_12_and_16",),
+        "eq. 12 in the Triton kernel: the phase is divided by √((1−θ)D)",
+    ),
+    # -- CoPE (§4.2 eq. 10) and HardClip ---------------------------------------------------------------------------
+    Mutation(
+        "cope-taper-linear-in-theta-not-in-the-index", "hf_posenc/schemes/cope.py",
+        "w[n_freq - clip_low_n :] = 0.5 * (1.0 + torch.cos(torch.linspace(0.0, math.pi, clip_low_n, dtype=torch.float64)))",
+        "theta = 10000.0 ** (-torch.arange(n_freq - clip_low_n, n_freq, dtype=torch.float64) / n_freq)\n"
+        "            w[n_freq - clip_low_n :] = 0.5 * (1.0 + torch.cos(math.pi * (theta[0] - theta)"
+        " / (theta[0] - theta[-1]).clamp_min(1e-300)))",
+        ("tests/test_schemes.py::test_cope_frequencies_follow_eq10",),
+        "eq. 10 in the index form of the authors' code: linspace over the clipped indices",
+    ),
+    Mutation(
+        "cope-clips-the-highest-frequencies", "hf_posenc/schemes/cope.py",
+        "w[n_freq - clip_low_n :] = 0.5 * (1.0 + torch.cos(torch.linspace(0.0, math.pi, clip_low_n, dtype=torch.float64)))",
+        "w[:clip_low_n] = 0.5 * (1.0 + torch.cos(torch.linspace(math.pi, 0.0, clip_low_n, dtype=torch.float64)))",
+        ("tests/test_schemes.py::test_cope_frequencies_follow_eq10",),
+        "CoPE clips the LOW frequencies (the long wavelengths)",
+    ),
+    Mutation(
+        "hardclip-zeroes-the-highest-frequencies", "hf_posenc/schemes/cope.py",
+        "w[n_freq - clip_low_n :] = 0.0",
+        "w[:clip_low_n] = 0.0",
+        ("tests/test_schemes.py::test_hardclip_zeroes_lowest_frequencies",),
+        "HardClip zeroes the lowest frequencies",
+    ),
+    Mutation(
+        "cope-drops-the-base-attention-scaling", "hf_posenc/schemes/cope.py",
+        "return inv_freq * w, scaling",
+        "return inv_freq * w, 1.0",
+        ("tests/test_schemes.py::test_cope_composes_with_abf_and_yarn",),
+        "CoPE over YaRN keeps YaRN's attention scaling",
+    ),
+    # -- p-RoPE (§6.1, App. D) -------------------------------------------------------------------------------------
+    Mutation(
+        "prope-keeps-the-lowest-frequencies", "hf_posenc/schemes/prope.py",
+        'params = {"rope_type": "proportional", "rope_theta": base["rope_theta"], "partial_rotary_factor": float(self.p)}',
+        "kept = int(self.p * head_dim // 2)\n"
+        "        factors = [3.0e38] * (head_dim // 2 - kept) + [1.0] * kept  # only the lowest `kept` rotate\n"
+        '        params = {"rope_type": "longrope", "rope_theta": base["rope_theta"], "short_factor": factors,\n'
+        '                  "long_factor": factors, "factor": 1.0, "attention_factor": 1.0,\n'
+        '                  "original_max_position_embeddings": max_position_embeddings}',
+        ("tests/test_schemes.py::test_prope_equals_the_papers_apply_p_rope",),
+        "p-RoPE keeps the fraction p of the HIGHEST frequencies",
+    ),
+    Mutation(
+        "prope-keeps-the-complementary-fraction", "hf_posenc/schemes/prope.py",
+        '"partial_rotary_factor": float(self.p)}',
+        '"partial_rotary_factor": float(1.0 - self.p)}',
+        ("tests/test_schemes.py::test_prope_equals_the_papers_apply_p_rope",),
+        "p is the fraction kept (p = 1 is RoPE, p = 0 NoPE)",
+    ),
+    # -- evaluation ---------------------------------------------------------------------------------------------------
+    Mutation(
+        "passkey-lines-joined-by-spaces", "hf_posenc/evaluation/passkey.py",
+        'return "\\n".join(lines)',
+        'return " ".join(lines)',
+        ("tests/test_evaluation.py::test_passkey_prompt_is_byte_exact",),
+        "the Landmark-attention passkey format puts its five parts on separate lines",
+    ),
+    Mutation(
+        "passkey-depth-counted-from-the-end", "hf_posenc/evaluation/passkey.py",
+        "prefix = round(depth * n)\n        return passkey_prompt(prefix, n - prefix, key)",
+        "prefix = round((1.0 - depth) * n)\n        return passkey_prompt(prefix, n - prefix, key)",
+        ("tests/test_evaluation.py::test_passkey_prompt_fills_the_target_length",),
+        "depth d puts round(d·n) filler characters BEFORE the needle",
+    ),
+    Mutation(
+        "perplexity-scores-the-whole-window-not-the-stride", "hf_posenc/evaluation/perplexity.py",
+        "yield begin, end, end - prev_end",
+        "yield begin, end, end - begin",
+        ("tests/test_evaluation.py::test_perplexity_equals_hand_loop",),
+        "Press et al. stride method: only targets the previous window did not reach are scored",
+    ),
+    Mutation(
+        "perplexity-fast-path-scores-shifted-hidden-states", "hf_posenc/evaluation/perplexity.py",
+        "last_hidden_state[0, first_target - 1 : length - 1]",
+        "last_hidden_state[0, first_target : length]",
+        ("tests/test_evaluation.py::test_chunked_head_matches_full_logits",),
+        "the hidden state at t predicts token t + 1",
+    ),
+    # -- export for stock Transformers --------------------------------------------------------------------------------
+    Mutation(
+        "export-writes-the-taper-instead-of-its-inverse", "hf_posenc/export.py",
+        'factors = taper_factors(head_dim // 2, params["clip_low_n"], rope_type == "hardclip")',
+        'factors = 1.0 / taper_factors(head_dim // 2, params["clip_low_n"], rope_type == "hardclip")',
+        ("tests/test_export_stock_equivalence.py",),
+        "LongRoPE divides the frequencies by its factors: f_j = 1/w_j",
+    ),
+    Mutation(
+        "export-inverts-the-frequency-ratio-over-a-scaled-base", "hf_posenc/export.py",
+        "default / inv.clamp_min(1e-300)",
+        "inv / default.clamp_min(1e-300)",
+        ("tests/test_export_stock_equivalence.py",),
+        "over YaRN/PI/Llama-3 bases the factor is default / patched frequency",
+    ),
+    Mutation(
+        "export-drops-the-attention-factor", "hf_posenc/export.py",
+        '"attention_factor": float(attention_factor),',
+        '"attention_factor": 1.0,',
+        ("tests/test_export_stock_equivalence.py",),
+        "CoPE over YaRN keeps YaRN's attention scaling in the stock config",
+    ),
+    # -- training recipes ---------------------------------------------------------------------------------------------
+    Mutation(
+        "recipe-overrides-ignored", "hf_posenc/training/config.py",
+        "apply_overrides(data, list(overrides or []))",
+        "apply_overrides(data, [])",
+        ("tests/test_training.py::test_bad_recipes_name_the_key_or_path",),
+        "key=value overrides on the command line change the recipe",
+    ),
+    Mutation(
+        "recipe-override-values-not-read-as-yaml", "hf_posenc/training/config.py",
+        'node[parts[-1]] = read_yaml(raw) if raw else ""',
+        "node[parts[-1]] = raw",
+        ("tests/test_training.py::test_bad_recipes_name_the_key_or_path",),
+        "override values are YAML (numbers, lists, booleans), not strings",
+    ),
+)
+
+
+# -- anchors ---------------------------------------------------------------------------------------------------------
+def anchor_problems(mutation: Mutation, root: Path = REPO) -> list[str]:
+    """What is wrong with a mutation's anchor and test list in the tree at ``root`` (empty when it can be applied)."""
+    problems = []
+    path = root / mutation.file
+    if mutation.old == mutation.new:
+        problems.append(f"{mutation.name}: old and new text are the same")
+    if not path.is_file():
+        problems.append(f"{mutation.name}: {mutation.file} does not exist")
+    else:
+        count = path.read_text(encoding="utf-8").count(mutation.old)
+        if count != 1:
+            problems.append(f"{mutation.name}: the anchor occurs {count} times in {mutation.file} (must be once): "
+                            f"{mutation.old!r}")
+    if not mutation.tests:
+        problems.append(f"{mutation.name}: no tests listed")
+    for test in mutation.tests:
+        file, _, function = test.partition("::")
+        test_path = root / file
+        if not test_path.is_file():
+            problems.append(f"{mutation.name}: test file {file} does not exist")
+        elif function and not re.search(rf"^def {re.escape(function.split('[')[0])}\(", test_path.read_text(),
+                                        re.MULTILINE):
+            problems.append(f"{mutation.name}: {file} has no test function {function}")
+    return problems
+
+
+def check_names() -> list[str]:
+    names = [m.name for m in MUTATIONS]
+    return [f"mutation name {n!r} is used twice" for n in sorted({n for n in names if names.count(n) > 1})]
+
+
+# -- running ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    name: str
+    status: str  # killed | survived | error | anchor
+    seconds: float = 0.0
+    killed_by: str = ""
+    detail: str = ""
+    tests: list[str] = field(default_factory=list)
+
+
+def copy_repository(destination: Path) -> None:
+    """Copy the files git tracks or would track under :data:`COPIED` (the working-tree versions) to ``destination``."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-c", "-o", "--exclude-standard", "--", *COPIED],
+        cwd=REPO, capture_output=True, check=True,
+    ).stdout.decode().split("\0")
+    for rel in filter(None, listed):
+        source = REPO / rel
+        if not source.is_file():  # deleted in the working tree but still tracked
+            continue
+        target = destination / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, target)
+
+
+def run_tests(copy: Path, tests: list[str], python: str, timeout: float) -> tuple[int, str, float]:
+    (copy / f"{GUARD_MODULE}.py").write_text(GUARD)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["HF_POSENC_MUTATION_COPY"] = str(copy)
+    env["HF_HUB_OFFLINE"] = "1"
+    command = [python, "-m", "pytest", "-x", "-q", "-rf", "--no-header", "-p", "no:cacheprovider",
+               "-p", GUARD_MODULE, *tests]
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired as exc:
+        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        return -1, out + f"\n(timed out after {timeout:.0f} s)", time.monotonic() - start
+    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
+
+
+def classify(name: str, rc: int, output: str, seconds: float, tests: list[str], baseline: bool = False) -> Outcome:
+    guarded = GUARD_OK in output
+    failed = re.findall(r"^FAILED (\S+)", output, re.MULTILINE)
+    tail = "\n".join(output.strip().splitlines()[-25:])
+    if not guarded:
+        return Outcome(name, "error", seconds, detail=f"exit {rc}, the import guard did not pass:\n{tail}", tests=tests)
+    if baseline:
+        status = "passed" if rc == 0 else "error"
+        return Outcome(name, status, seconds, detail="" if rc == 0 else f"exit {rc}:\n{tail}", tests=tests)
+    if rc == 0:
+        return Outcome(name, "survived", seconds, tests=tests)
+    if rc == 1 and failed:
+        return Outcome(name, "killed", seconds, killed_by=failed[0], tests=tests)
+    return Outcome(name, "error", seconds, detail=f"exit {rc} (not a test failure):\n{tail}", tests=tests)
+
+
+def run_mutation(mutation: Mutation | None, tests: list[str], python: str, timeout: float, keep: bool) -> Outcome:
+    """Apply ``mutation`` (None: the baseline) to a fresh copy and run ``tests`` there."""
+    name = mutation.name if mutation else "baseline (no mutation)"
+    copy = Path(tempfile.mkdtemp(prefix=f"hf-posenc-mutation-{mutation.name if mutation else 'baseline'}-"))
+    try:
+        copy_repository(copy)
+        if mutation is not None:
+            problems = anchor_problems(mutation, copy)
+            if problems:
+                return Outcome(name, "anchor", detail="; ".join(problems), tests=tests)
+            path = copy / mutation.file
+            path.write_text(path.read_text(encoding="utf-8").replace(mutation.old, mutation.new), encoding="utf-8")
+        rc, output, seconds = run_tests(copy, tests, python, timeout)
+        return classify(name, rc, output, seconds, tests, baseline=mutation is None)
+    finally:
+        if keep:
+            print(f"kept {copy}", file=sys.stderr)
+        else:
+            shutil.rmtree(copy, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
+    parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
+    parser.add_argument("--python", default=sys.executable, help="interpreter that runs pytest (default: this one)")
+    parser.add_argument("--list", action="store_true", help="list the mutations and exit")
+    parser.add_argument("--anchors", action="store_true", help="only check the anchors and test names")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the run of the tests without mutation")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copies (for debugging)")
+    parser.add_argument("--json", type=Path, help="write the outcomes to this file")
+    args = parser.parse_args(argv)
+
+    selected = list(MUTATIONS)
+    if args.only:
+        unknown = sorted(set(args.only) - {m.name for m in MUTATIONS})
+        if unknown:
+            parser.error(f"unknown mutation(s) {unknown}; see --list")
+        selected = [m for m in MUTATIONS if m.name in args.only]
+    if args.list:
+        for m in selected:
+            print(f"{m.name}\n  {m.file}: {m.why}\n  tests: {' '.join(m.tests)}")
+        return 0
+
+    problems = check_names() + [p for m in selected for p in anchor_problems(m)]
+    if args.anchors or problems:
+        for p in problems:
+            print(f"ANCHOR   {p}")
+        print(f"{len(selected)} mutations, {len(problems)} anchor problem(s)")
+        return 1 if problems else 0
+
+    start = time.monotonic()
+    jobs: list[tuple[Mutation | None, list[str]]] = [(m, list(m.tests)) for m in selected]
+    if not args.no_baseline:
+        union = list(dict.fromkeys(t for m in selected for t in m.tests))
+        jobs.insert(0, (None, union))
+    outcomes: list[Outcome] = []
+    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
+        futures = [pool.submit(run_mutation, m, tests, args.python, args.timeout, args.keep) for m, tests in jobs]
+        for future in concurrent.futures.as_completed(futures):
+            outcome = future.result()
+            outcomes.append(outcome)
+            by = f"  by {outcome.killed_by}" if outcome.killed_by else ""
+            print(f"{outcome.status.upper():9}{outcome.name} ({outcome.seconds:.0f} s){by}", flush=True)
+            if outcome.detail:
+                print("    " + outcome.detail.replace("\n", "\n    "), flush=True)
+    total = time.monotonic() - start
+
+    bad = [o for o in outcomes if o.status not in ("killed", "passed")]
+    killed = sum(o.status == "killed" for o in outcomes)
+    print(f"\n{killed} of {len(selected)} mutations killed in {total:.0f} s ({args.jobs} at a time)")
+    for o in bad:
+        print(f"NOT OK   {o.name}: {o.status}")
+    if args.json:
+        args.json.write_text(json.dumps({"seconds": total, "outcomes": [asdict(o) for o in outcomes]}, indent=2))
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
