@@ -33,12 +33,15 @@ __version__ = LIBRARY_VERSION
 
 
 def _guard_peft() -> None:
+    """Make adapter loading (PEFT's and Transformers') refuse a base the adapter was not trained on; see
+    ``hf_posenc.adapters``. ``HF_POSENC_GUARD_PEFT=0`` opts out."""
     import importlib.util
 
     if importlib.util.find_spec("peft") is not None:
-        from .adapters import guard_peft_loading
+        from .adapters import guard_enabled_by_environment, guard_peft_loading
 
-        guard_peft_loading()
+        if guard_enabled_by_environment():
+            guard_peft_loading()
 
 
 _guard_peft()

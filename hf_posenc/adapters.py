@@ -1,23 +1,47 @@
 """PEFT helpers: LoRA configs that keep a scheme's own weights, and adapter loading that refuses a wrong base.
 
 PEFT saves only the adapter weights and ``modules_to_save``: new parameters that merely have
-``requires_grad=True`` are silently dropped, and an adapter with ``modules_to_save`` loaded onto a base that lacks
-those modules silently drops them too. :func:`lora_config` puts a scheme's modules (TAPE's ``tape`` blocks) in
-``modules_to_save``; :func:`save_adapter` records the scheme next to the adapter; :func:`check_adapter_base`
-refuses a base without them, and :func:`guard_peft_loading` makes ``PeftModel.from_pretrained`` run that check.
+``requires_grad=True`` are silently dropped, and an adapter loaded onto a base that lacks those modules (TAPE's
+``tape`` blocks on an unpatched model) silently drops them too. An adapter loaded onto a base patched with another
+scheme, or the same scheme with other options, loads without a word and gives wrong outputs.
+
+* :func:`lora_config` puts a scheme's modules in ``modules_to_save``.
+* :func:`save_adapter` saves an adapter with its **adapter record** (``hf_posenc_adapter.json``: the base's whole
+  scheme record, as in its ``config.json``), written by :func:`write_adapter_record` and read by
+  :func:`read_adapter_record` and nothing else. Training (``hf-posenc train``) and publishing use it.
+* :func:`check_adapter_base` compares that record with the base's (scheme, options, model type and the rope
+  parameters before patching) and refuses a mismatch, naming both records and the fix.
+* :func:`guard_peft_loading` (run by ``import hf_posenc``) makes every way of loading an adapter run that check
+  before touching the base: ``PeftModel.from_pretrained`` (and the ``AutoPeftModel`` classes),
+  ``PeftModel.load_adapter``
+  and Transformers' ``model.load_adapter`` (also used by ``from_pretrained`` on an adapter folder). Neither PEFT nor
+  Transformers has a hook for such a check, so the methods are wrapped; :func:`unguard_peft_loading` restores them,
+  and ``HF_POSENC_GUARD_PEFT=0`` in the environment keeps ``import hf_posenc`` from wrapping them at all.
+  :func:`load_adapter` checks explicitly either way.
 """
 
 from __future__ import annotations
 
+import contextvars
+import dataclasses
+import functools
+import inspect
 import json
 import os
+import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from .patching import scheme_record
 
 ADAPTER_RECORD = "hf_posenc_adapter.json"
 ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Options that choose how a scheme is computed, not what: an adapter trained with one backend fits the others.
+IMPLEMENTATION_OPTIONS = ("backend",)
+# Record keys that describe the base model itself rather than the scheme applied to it.
+BASE_KEYS = ("stock_model_type", "original_rope_parameters")
+GUARD_ENV = "HF_POSENC_GUARD_PEFT"
+_HUB_KEYS = ("subfolder", "revision", "token", "cache_dir", "local_files_only")
 
 
 def _norm_names(model: Any) -> list[str]:
@@ -59,67 +83,293 @@ def lora_config(
     )
 
 
-def save_adapter(peft_model: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
-    """``peft_model.save_pretrained(path)`` plus a record of the base's scheme, checked by :func:`load_adapter`."""
-    path = Path(path)
-    peft_model.save_pretrained(path, **kwargs)
-    record = scheme_record(peft_model.get_base_model())
-    (path / ADAPTER_RECORD).write_text(json.dumps({"hf_posenc": None if record is None else record.to_dict()}, indent=2))
+# -- the adapter record ---------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class AdapterRecord:
+    """What ``hf_posenc_adapter.json`` says: the scheme record of the base the adapter was trained on (the
+    ``hf_posenc`` entry of its config, see :mod:`hf_posenc.record`), or ``None`` for an unpatched base."""
+
+    base: dict[str, Any] | None
+
+
+def write_adapter_record(directory: str | os.PathLike, base: Any) -> Path:
+    """Write ``directory/hf_posenc_adapter.json`` for an adapter trained on ``base`` (a model or its config)."""
+    record = scheme_record(base)
+    path = Path(directory) / ADAPTER_RECORD
+    path.write_text(json.dumps({"hf_posenc": None if record is None else record.to_dict()}, indent=2) + "\n")
     return path
 
 
-def check_adapter_base(base: Any, model_id: str | os.PathLike, config: Any = None, **kwargs: Any) -> None:
-    """Raise if ``base`` lacks the scheme modules (TAPE's ``tape``) or the scheme an adapter was trained with, where
-    PEFT would silently drop those weights. Other adapters pass untouched."""
-    from peft import PeftConfig
+def read_adapter_record(model_id: str | os.PathLike, **hub: Any) -> AdapterRecord | None:
+    """The adapter record of a local adapter folder or a Hub repo, or ``None`` when it has none (an adapter not
+    saved by hf-posenc). ``hub``: ``subfolder``, ``revision``, ``token``, ``cache_dir``, ``local_files_only``."""
+    local = Path(model_id) / (hub.get("subfolder") or "")
+    if Path(model_id).is_dir():
+        path = local / ADAPTER_RECORD
+        if not path.is_file():
+            return None
+    else:
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
 
+        try:
+            path = hf_hub_download(str(model_id), ADAPTER_RECORD, **{k: v for k, v in hub.items() if v is not None})
+        except LocalEntryNotFoundError:
+            warnings.warn(
+                f"{model_id}: its {ADAPTER_RECORD} is neither cached nor reachable (offline?), so hf-posenc cannot "
+                "check that the base carries the scheme this adapter was trained with; make sure it does.",
+                stacklevel=3,
+            )
+            return None
+        except EntryNotFoundError:
+            return None
+    data = json.loads(Path(path).read_text())
+    if not isinstance(data, dict) or "hf_posenc" not in data:
+        raise ValueError(f"{path} is not an hf-posenc adapter record (no 'hf_posenc' key); re-save the adapter with "
+                         "`hf_posenc.adapters.save_adapter`.")
+    return AdapterRecord(data["hf_posenc"])
+
+
+def save_adapter(peft_model: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
+    """``peft_model.save_pretrained(path)`` plus the adapter record of its base, checked when it is loaded."""
+    path = Path(path)
+    peft_model.save_pretrained(path, **kwargs)
+    write_adapter_record(path, peft_model.get_base_model())
+    return path
+
+
+# -- the check --------------------------------------------------------------------------------------------------------
+def _comparable(record: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The parts of a scheme record that must match: everything but versions and implementation options."""
+    if record is None:
+        return None
+    options = {k: v for k, v in record["options"].items() if k not in IMPLEMENTATION_OPTIONS}
+    return {"scheme": record["scheme"], "options": options, **{k: record[k] for k in BASE_KEYS}}
+
+
+def _differences(adapter: Any, base: Any, key: str) -> list[str]:
+    if isinstance(adapter, dict) and isinstance(base, dict):
+        if key == "" and adapter["scheme"] != base["scheme"]:
+            return [f"scheme: adapter {adapter['scheme']!r}, base {base['scheme']!r}"]
+        out = []
+        for name in sorted(set(adapter) | set(base), key=str):
+            sub = f"{key}.{name}" if key else str(name)
+            if name not in adapter or name not in base:
+                out.append(f"{sub}: only the {'adapter' if name in adapter else 'base'} has it")
+            else:
+                out.extend(_differences(adapter[name], base[name], sub))
+        return out
+    return [] if adapter == base else [f"{key}: adapter {_compact(adapter)!r}, base {_compact(base)!r}"]
+
+
+def record_differences(adapter: dict[str, Any] | None, base: dict[str, Any] | None) -> list[str]:
+    """Where the base's scheme record differs from the adapter's (``key: adapter X, base Y``); empty when they
+    agree. ``None`` stands for an unpatched model."""
+    a, b = _comparable(adapter), _comparable(base)
+    if a is None or b is None:
+        name = {True: "none (unpatched)"}
+        return [] if a is b else [f"scheme: adapter {name.get(a is None) or repr(a['scheme'])}, "
+                                  f"base {name.get(b is None) or repr(b['scheme'])}"]
+    return _differences(a, b, "")
+
+
+def _compact(value: Any) -> Any:
+    """``value`` without ``None`` or empty-dict entries (the defaults of every scheme option that can hold them)."""
+    if isinstance(value, dict):
+        return {k: _compact(v) for k, v in value.items() if v is not None and v != {}}
+    return value
+
+
+def _patch_call(record: dict[str, Any], replace: bool) -> str:
+    """The ``patch_model`` call that gives a base this scheme record (options at their defaults left out)."""
     from .schemes import SCHEMES
 
-    if config is None:
-        hub = {k: kwargs[k] for k in ("subfolder", "revision", "token", "cache_dir") if kwargs.get(k) is not None}
-        config = PeftConfig.from_pretrained(model_id, **hub)
+    defaults = {}
+    for f in dataclasses.fields(SCHEMES[record["scheme"]]):
+        if f.default is not dataclasses.MISSING:
+            defaults[f.name] = f.default
+        elif f.default_factory is not dataclasses.MISSING:
+            defaults[f.name] = f.default_factory()
+    options = [f"{k}={_compact(v)!r}" for k, v in record["options"].items()
+               if k not in IMPLEMENTATION_OPTIONS and (k not in defaults or defaults[k] != v)]
+    args = ", ".join([f"base, {record['scheme']!r}", *options, *(["replace=True"] if replace else [])])
+    return f"`hf_posenc.patch_model({args})`"
+
+
+def _describe(record: dict[str, Any] | None) -> str:
+    if record is None:
+        return "an unpatched model"
+    return f"a base patched with {record['scheme']!r} (scheme record {json.dumps(_compact(_comparable(record)))})"
+
+
+def _modules_to_save(config: Any) -> list[str]:
+    value = config.get("modules_to_save") if isinstance(config, dict) else getattr(config, "modules_to_save", None)
+    return list(value or [])
+
+
+def check_adapter_base(base: Any, model_id: str | os.PathLike | None, config: Any = None, **hub: Any) -> None:
+    """Raise ``ValueError`` unless ``base`` is what the adapter at ``model_id`` was trained on: the scheme modules it
+    saves (TAPE's ``tape``) exist in ``base``, and ``base``'s scheme record equals the adapter record (scheme,
+    options, model type, rope parameters before patching; the ``backend`` option may differ). An adapter without
+    a record (not saved by hf-posenc) is checked for the modules only. Runs before anything is loaded.
+
+    ``config``: the adapter's PEFT config when already known; ``hub``: ``subfolder``, ``revision``, ``token``,
+    ``cache_dir``, ``local_files_only`` for a Hub repo.
+    """
+    from .schemes import SCHEMES
+
+    hub = {k: v for k, v in hub.items() if k in _HUB_KEYS and v is not None}
+    if config is None and model_id is not None:
+        from peft import PeftConfig
+
+        config = PeftConfig.from_pretrained(str(model_id), **hub)
     scheme_modules = {m for cls in SCHEMES.values() for m in cls.trainable_modules}
     names = {name.rsplit(".", 1)[-1] for name, _ in base.named_modules()}
-    missing = [m for m in (config.modules_to_save or []) if m in scheme_modules and m not in names]
-    record_file = Path(model_id) / kwargs.get("subfolder", "") / ADAPTER_RECORD
-    trained = json.loads(record_file.read_text())["hf_posenc"] if record_file.is_file() else None
+    missing = [m for m in _modules_to_save(config) if m in scheme_modules and m not in names]
+    adapter = read_adapter_record(model_id, **hub) if model_id is not None else None
     current = scheme_record(base)
-    mismatch = trained is not None and (current is None or current.scheme.name != trained["scheme"])
-    if missing or mismatch:
-        scheme = trained["scheme"] if trained else "tape"
-        raise ValueError(
-            f"this adapter was trained on a model patched with {scheme!r} (modules {missing} are missing from the "
-            f"base); patch the base first: `hf_posenc.patch_model(base, {scheme!r}, ...)`, or load the base from a "
-            "checkpoint saved after patching. PEFT would otherwise drop the scheme's weights silently."
-        )
+    current = None if current is None else current.to_dict()
+    differences = [] if adapter is None else record_differences(adapter.base, current)
+    if missing or differences:
+        raise ValueError(_mismatch_message(model_id, config, adapter, current, missing, differences))
+
+
+def _mismatch_message(model_id: Any, config: Any, adapter: AdapterRecord | None, current: dict[str, Any] | None,
+                      missing: list[str], differences: list[str]) -> str:
+    """Both records, what differs, and the fix."""
+    from .schemes import SCHEMES
+
+    trained = None if adapter is None else adapter.base
+    if adapter is None:  # no record: only the scheme modules tell which scheme it was
+        owner = next(n for n, cls in SCHEMES.items() if set(missing) & set(cls.trainable_modules))
+        what = f"a base patched with {owner!r}"
+    else:
+        what = _describe(trained)
+    text = f"this adapter ({model_id}) was trained on {what}, but the base it is loaded onto is {_describe(current)}"
+    if missing:
+        text += f" (modules {missing} are missing from the base)"
+    if differences:
+        text += "; they differ in " + "; ".join(differences)
+    if adapter is None:
+        fix = (f"patch the base first: `hf_posenc.patch_model(base, {owner!r}, ...)` with the options the adapter was "
+               "trained with, or load the base from the checkpoint saved after patching.")
+    elif trained is None:
+        fix = ("load it onto the unpatched model it was trained on (the original checkpoint, without "
+               "`hf_posenc.patch_model`).")
+    else:
+        if current is not None and any(trained[k] != current[k] for k in BASE_KEYS):
+            name = getattr(config, "base_model_name_or_path", None) or "named in its adapter_config.json"
+            fix = (f"this is another base model: load the one the adapter was trained on ({name}) and patch it: "
+                   f"{_patch_call(trained, replace=False)}, or load the checkpoint saved after patching it that way.")
+        else:
+            fix = (f"patch the base first: {_patch_call(trained, replace=current is not None)}, or load the base "
+                   "from the checkpoint saved after patching it that way.")
+    return (f"{text}. Fix: {fix} PEFT would otherwise load it without a word (dropping the scheme's own weights "
+            "where the base lacks them) and the outputs would be wrong; to load it anyway, call "
+            "`hf_posenc.adapters.unguard_peft_loading()` first.")
+
+
+# -- checked loading ---------------------------------------------------------------------------------------------
+_CHECKED = contextvars.ContextVar("hf_posenc_adapter_checked", default=False)
+_ORIGINALS: dict[tuple[type, str], Any] = {}
+
+
+def _hub_kwargs(*sources: dict[str, Any] | None) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for source in sources:
+        out.update({k: v for k, v in (source or {}).items() if k in _HUB_KEYS and v is not None})
+    return out
+
+
+def _checked(original: Callable, check: Callable[[inspect.BoundArguments], None]) -> Callable:
+    """Wrap ``original`` so that ``check`` (given its bound arguments) runs first, once per outermost call."""
+    signature = inspect.signature(original)
+
+    @functools.wraps(original)
+    def wrapper(*args, **kwargs):
+        if _CHECKED.get():
+            return original(*args, **kwargs)
+        check(signature.bind(*args, **kwargs))
+        token = _CHECKED.set(True)  # PeftModel.from_pretrained calls load_adapter: check once
+        try:
+            return original(*args, **kwargs)
+        finally:
+            _CHECKED.reset(token)
+
+    wrapper._hf_posenc_guard = True
+    return wrapper
+
+
+def _check_peft_from_pretrained(bound: inspect.BoundArguments) -> None:
+    a = bound.arguments
+    check_adapter_base(a["model"], a["model_id"], config=a.get("config"), **_hub_kwargs(a.get("kwargs")))
+
+
+def _check_peft_load_adapter(bound: inspect.BoundArguments) -> None:
+    a = bound.arguments
+    check_adapter_base(a["self"].get_base_model(), a["model_id"], **_hub_kwargs(a.get("kwargs")))
+
+
+def _check_transformers_load_adapter(bound: inspect.BoundArguments) -> None:
+    a = bound.arguments
+    load_config = a.get("load_config")
+    download = getattr(load_config, "download_kwargs", None)
+    model_id = a.get("peft_model_id") or getattr(load_config, "pretrained_model_name_or_path", None)
+    hub = _hub_kwargs(download, a.get("kwargs"), a.get("adapter_kwargs"))
+    if a.get("local_files_only"):
+        hub["local_files_only"] = True
+    config = a.get("peft_config")
+    check_adapter_base(a["self"], model_id if config is None else None, config=config, **hub)
+
+
+def _targets() -> list[tuple[type, str, bool, Callable[[inspect.BoundArguments], None]]]:
+    from peft import PeftModel
+    from transformers.integrations.peft import PeftAdapterMixin
+
+    return [
+        (PeftModel, "from_pretrained", True, _check_peft_from_pretrained),
+        (PeftModel, "load_adapter", False, _check_peft_load_adapter),
+        (PeftAdapterMixin, "load_adapter", False, _check_transformers_load_adapter),
+    ]
 
 
 def guard_peft_loading() -> None:
-    """Make ``PeftModel.from_pretrained`` (and the ``AutoPeftModel`` classes, which call it) run
-    :func:`check_adapter_base` first. PEFT has no registration hook for such a check, so its classmethod is wrapped
-    once; the check only ever raises for adapters carrying hf-posenc scheme modules. Installed by
-    ``import hf_posenc`` when PEFT is available."""
-    import functools
+    """Make ``PeftModel.from_pretrained`` (and the ``AutoPeftModel`` classes), ``PeftModel.load_adapter`` and
+    Transformers' ``model.load_adapter`` (``PeftAdapterMixin``) run :func:`check_adapter_base` before they touch
+    the base. Idempotent; installed by ``import hf_posenc`` unless ``HF_POSENC_GUARD_PEFT=0``; undone by
+    :func:`unguard_peft_loading`."""
+    for cls, name, is_classmethod, check in _targets():
+        current = cls.__dict__[name]
+        function = current.__func__ if is_classmethod else current
+        if getattr(function, "_hf_posenc_guard", False):
+            continue
+        _ORIGINALS[(cls, name)] = current
+        wrapped = _checked(function, check)
+        setattr(cls, name, classmethod(wrapped) if is_classmethod else wrapped)
 
-    from peft import PeftModel
 
-    original = PeftModel.__dict__["from_pretrained"].__func__
-    if getattr(original, "_hf_posenc_guard", False):
-        return
+def unguard_peft_loading() -> None:
+    """Restore PEFT's and Transformers' own adapter loading (no base check); :func:`guard_peft_loading` re-installs
+    the check."""
+    for (cls, name), original in list(_ORIGINALS.items()):
+        setattr(cls, name, original)
+        del _ORIGINALS[(cls, name)]
 
-    @functools.wraps(original)
-    def from_pretrained(cls, model, model_id, *args, **kwargs):
-        check_adapter_base(model, model_id, config=kwargs.get("config"), **kwargs)
-        return original(cls, model, model_id, *args, **kwargs)
 
-    from_pretrained._hf_posenc_guard = True
-    PeftModel.from_pretrained = classmethod(from_pretrained)
+def guard_enabled_by_environment() -> bool:
+    """``False`` when ``HF_POSENC_GUARD_PEFT`` is ``0``/``false``/``no``/``off``: ``import hf_posenc`` then leaves
+    PEFT and Transformers unwrapped."""
+    return os.environ.get(GUARD_ENV, "1").strip().lower() not in ("0", "false", "no", "off")
 
 
 def load_adapter(base: Any, path: str | os.PathLike, **kwargs: Any):
-    """``PeftModel.from_pretrained(base, path)``, refusing a base that lacks the modules or scheme the adapter was
-    trained with (see :func:`check_adapter_base`)."""
+    """``PeftModel.from_pretrained(base, path, **kwargs)``, refusing a base the adapter was not trained on (see
+    :func:`check_adapter_base`), whether or not the PEFT methods are guarded."""
     from peft import PeftModel
 
-    guard_peft_loading()
-    return PeftModel.from_pretrained(base, path, **kwargs)
+    check_adapter_base(base, path, config=kwargs.get("config"), **_hub_kwargs(kwargs))
+    token = _CHECKED.set(True)
+    try:
+        return PeftModel.from_pretrained(base, path, **kwargs)
+    finally:
+        _CHECKED.reset(token)

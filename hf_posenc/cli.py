@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from typing import Any
 
@@ -27,14 +28,41 @@ def _add_source(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gguf-file", help="GGUF file name inside SOURCE (loaded dequantized)")
 
 
-def cmd_info(args: argparse.Namespace) -> int:
-    from transformers import AutoConfig
+def _add_output(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("output", help="output directory (must not be SOURCE or lie inside it)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace OUTPUT if it exists and is not empty (its current contents are deleted)")
+    parser.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
 
+
+def _source_tokenizer(args: argparse.Namespace) -> Any:
+    """SOURCE's tokenizer, or ``None`` with a note when it has none (a model saved alone) or --no-tokenizer."""
+    from .models import has_tokenizer, load_tokenizer, split_gguf
+
+    if args.no_tokenizer:
+        return None
+    if not has_tokenizer(args.source, args.gguf_file):
+        path, _ = split_gguf(args.source, args.gguf_file)
+        print(f"hf-posenc {args.command}: no tokenizer found in {path}; writing the model alone (copy a tokenizer "
+              "into the output yourself, or pass --no-tokenizer to silence this note).", file=sys.stderr)
+        return None
+    return load_tokenizer(args.source, args.gguf_file)
+
+
+def _check_output(args: argparse.Namespace) -> None:
+    """Refuse, before loading anything, an output that would clobber the input or an existing checkpoint."""
+    from .io_atomic import check_output_dir
     from .models import split_gguf
-    from .patching import scheme_record
 
     path, gguf = split_gguf(args.source, args.gguf_file)
-    config = AutoConfig.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}))
+    check_output_dir(args.output, [os.path.join(path, gguf) if gguf else path], overwrite=args.overwrite)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    from .models import load_config
+    from .patching import scheme_record
+
+    config = load_config(args.source, args.gguf_file)
     record = scheme_record(config)
     info = {
         "model_type": config.model_type,
@@ -50,26 +78,30 @@ def cmd_info(args: argparse.Namespace) -> int:
 
 
 def cmd_patch(args: argparse.Namespace) -> int:
-    from .models import load_model, load_tokenizer
+    from .io_atomic import atomic_dir
+    from .models import load_model
     from .patching import patch_model
 
     options = _parse_options(args.option)
+    _check_output(args)
     model = load_model(args.source, args.gguf_file)
     patch_model(model, args.scheme, replace=args.replace, **options)
-    model.save_pretrained(args.output)
-    if not args.no_tokenizer:
-        load_tokenizer(args.source, args.gguf_file).save_pretrained(args.output)
+    tokenizer = _source_tokenizer(args)
+    with atomic_dir(args.output, overwrite=args.overwrite) as tmp:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
     print(f"patched with {args.scheme} {options or ''} -> {args.output}")
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_stock
-    from .models import load_model, load_tokenizer
+    from .models import load_model
 
+    _check_output(args)
     model = load_model(args.source, args.gguf_file)
-    tokenizer = None if args.no_tokenizer else load_tokenizer(args.source, args.gguf_file)
-    export_stock(model, args.output, tokenizer=tokenizer)
+    export_stock(model, args.output, tokenizer=_source_tokenizer(args), overwrite=args.overwrite)
     print(f"exported for stock Transformers -> {args.output}")
     return 0
 
@@ -105,18 +137,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("patch", help="load a checkpoint, patch it with a scheme, save it")
     _add_source(p)
-    p.add_argument("output", help="output directory")
-    p.add_argument("--scheme", required=True, help="cope, hardclip, prope or rope")
+    _add_output(p)
+    p.add_argument("--scheme", required=True, help="cope, hardclip, prope, rope, tapa or tape")
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option, repeatable (e.g. -o clip_low_n=10 -o rope_theta=1e7)")
     p.add_argument("--replace", action="store_true", help="replace a scheme the checkpoint already carries")
-    p.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
     p.set_defaults(func=cmd_patch)
 
     p = sub.add_parser("export", help="write a patched checkpoint for stock Transformers (no plugin needed)")
     _add_source(p)
-    p.add_argument("output", help="output directory")
-    p.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
+    _add_output(p)
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("demo", help="SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text")

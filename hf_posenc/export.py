@@ -10,20 +10,23 @@
 
 vLLM: it reads ``proportional`` and ``longrope``; for ``longrope`` it ignores ``attention_factor`` and derives the
 attention scale from ``max_position_embeddings / original_max_position_embeddings``, which the export keeps equal
-(scale 1). CoPE over YaRN (attention scale ≠ 1) therefore loads in vLLM with a different attention scale.
+(scale 1). So the written files carry a ``longrope`` attention factor ≠ 1 (CoPE/HardClip over YaRN) in the query/key
+weights instead, with ``attention_factor`` 1 (:mod:`hf_posenc.attention_fold`; logits equal up to float rounding),
+and every export runs in vLLM as in Transformers (measured: ``scripts/serving/vllm_compare.py``).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
+from transformers import PreTrainedModel
 
+from .attention_fold import fold_attention_factors
+from .io_atomic import atomic_dir
 from .patches import adapter_for
 from .patching import check_patchable, scheme_record
 from .record import RECORD_KEY
@@ -91,28 +94,23 @@ def stock_config(model_or_config: Any) -> Any:
     return stock
 
 
-def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None) -> Path:
+def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None, overwrite: bool = False) -> Path:
     """Write ``model`` (patched with a frequency scheme) to ``path`` as a stock Transformers checkpoint.
 
     A Python with Transformers but without hf-posenc loads it with ``from_pretrained`` and gets the same logits.
-    Nothing is written to ``path`` unless the whole export succeeds.
+    ``path`` must be missing or empty unless ``overwrite`` (then it is replaced as a whole). Nothing changes at
+    ``path`` unless the whole export succeeds (see :mod:`hf_posenc.io_atomic`).
     """
     check_patchable(model)
     stock = stock_config(model)
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.export-") as tmp:
-        model.save_pretrained(tmp)
+    state_dict = fold_attention_factors(model, stock)  # None when there is nothing to fold (see the docstring)
+    with atomic_dir(path, overwrite=overwrite) as tmp:
+        # Transformers' own save: none of the patched class's remote code
+        PreTrainedModel.save_pretrained(model, tmp, state_dict=state_dict)
         stock.to_json_file(os.path.join(tmp, "config.json"))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         with open(os.path.join(tmp, "config.json")) as f:
             if RECORD_KEY in json.load(f):
                 raise RuntimeError("internal error: the stock config still carries the hf-posenc record.")
-        path.mkdir(exist_ok=True)
-        for name in os.listdir(tmp):
-            target = path / name
-            if target.is_dir():
-                shutil.rmtree(target)
-            os.replace(os.path.join(tmp, name), target)
-    return path
+    return Path(path)

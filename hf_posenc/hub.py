@@ -36,6 +36,15 @@ def _yaml(value: Any, indent: int = 0) -> str:
     return "\n".join(f"{pad}- {json.dumps(item)}" for item in value)
 
 
+def adapter_warning(scheme: Any) -> str:
+    """The sentence an adapter's card leads its loading section with: what goes wrong without ``import hf_posenc``."""
+    drop = " and silently drops its TAPE weights on an unpatched base" if scheme.trainable_modules else ""
+    return (f"**Run `import hf_posenc` before loading this adapter**: only then do `PeftModel.from_pretrained`, "
+            f"`model.load_adapter` and `hf_posenc.adapters.load_adapter` refuse a base that is not patched with "
+            f"`{scheme.name}` with the options above; without it, PEFT loads the adapter onto any base without a "
+            f"word{drop}, and the outputs are wrong.")
+
+
 def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, base_repo: str | None = None,
                evaluation: str | None = None, plots: list[str] | None = None) -> str:
     """README.md for a published checkpoint (``kind``: "model", "adapter" or "stock")."""
@@ -59,8 +68,7 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
         load = (f"import hf_posenc\nfrom hf_posenc.adapters import load_adapter\n"
                 f"from transformers import AutoModelForCausalLM\n"
                 f'model = load_adapter(AutoModelForCausalLM.from_pretrained("{base_repo or base_model}"), "{repo_id}")')
-        other = ("The base must carry the same scheme (a checkpoint saved after `hf_posenc.patch_model`); "
-                 "`load_adapter` refuses an unpatched base, where PEFT would silently drop the scheme's weights.")
+        other = adapter_warning(scheme)
     else:
         load = f'from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("{repo_id}")'
         other = ("This is a stock-Transformers export: no plugin and no remote code are needed "
@@ -73,7 +81,8 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
         f"switched to **{scheme.name}** by [hf-posenc] {LIBRARY_VERSION}.\n",
         f"Paper: {scheme.paper}.\n",
         f"## Scheme options\n\n| option | value |\n|---|---|\n{options}\n",
-        f"## Load it\n\n```python\n{load}\n```\n\n{other}\n",
+        (f"## Load it\n\n{other}\n\n```python\n{load}\n```\n" if kind == "adapter"  # read before loading
+         else f"## Load it\n\n```python\n{load}\n```\n\n{other}\n"),
     ]
     if evaluation:
         parts.append(f"## Evaluation\n\n{evaluation.strip()}\n")

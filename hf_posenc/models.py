@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 from pathlib import Path
@@ -48,22 +49,100 @@ def parse_model_specs(specs: list[str]) -> list[tuple[str, str]]:
     return parsed
 
 
+# Files any Transformers tokenizer is loaded from; a directory with none of them has no tokenizer.
+TOKENIZER_FILES = (
+    "tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "merges.txt",
+    "spiece.model", "sentencepiece.bpe.model", "tekken.json", "tiktoken.model",
+)
+
+
+def _missing_source(path: str) -> FileNotFoundError:
+    return FileNotFoundError(f"{path}: no such directory or file; not a Hub id reachable offline.")
+
+
+def _could_be_hub_id(path: str) -> bool:
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(path)
+    except HFValidationError:
+        return False
+    return True
+
+
+def check_source(path: str | os.PathLike, gguf_file: str | None = None) -> None:
+    """Raise ``FileNotFoundError`` for a source that is neither a local directory/file nor shaped like a Hub id
+    (before Transformers tries the network for it)."""
+    path = str(path)
+    if os.path.exists(path):
+        if gguf_file is not None and not os.path.isfile(os.path.join(path, gguf_file)):
+            raise FileNotFoundError(f"{os.path.join(path, gguf_file)}: no such file.")
+        return
+    if not _could_be_hub_id(path):
+        raise _missing_source(path)
+
+
+@contextlib.contextmanager
+def _explaining_missing_source(path: str):
+    """Turn Transformers' "couldn't connect to huggingface.co" for a Hub-shaped source that is not a local path
+    (offline, or no network, and not cached) into the plain fact; other errors pass unchanged."""
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        yield
+    except OSError as exc:
+        cause: BaseException | None = exc
+        while cause is not None and not isinstance(cause, LocalEntryNotFoundError):
+            cause = cause.__cause__ or cause.__context__
+        if cause is None or os.path.exists(path):
+            raise
+        raise _missing_source(path) from exc
+
+
+def load_config(path: str | os.PathLike, gguf_file: str | None = None, **kwargs: Any):
+    """``AutoConfig.from_pretrained`` of a directory, Hub id or GGUF file, with a plain error for a missing one."""
+    from transformers import AutoConfig
+
+    path, gguf_file = split_gguf(path, gguf_file)
+    check_source(path, gguf_file)
+    with _explaining_missing_source(path):
+        return AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **kwargs)
+
+
 def load_model(path: str | os.PathLike, gguf_file: str | None = None, **kwargs: Any):
     """``AutoModelForCausalLM.from_pretrained``; a GGUF file is loaded dequantized (so it can be saved/trained)."""
     from transformers import AutoModelForCausalLM, GgufConfig
 
     path, gguf_file = split_gguf(path, gguf_file)
+    check_source(path, gguf_file)
     if gguf_file is not None:
         kwargs.setdefault("quantization_config", GgufConfig(dequantize=True))
         kwargs["gguf_file"] = gguf_file
-    return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+    with _explaining_missing_source(path):
+        return AutoModelForCausalLM.from_pretrained(path, **kwargs).eval()
+
+
+def has_tokenizer(path: str | os.PathLike, gguf_file: str | None = None) -> bool:
+    """Whether a local checkpoint directory holds tokenizer files (``save_pretrained`` of a model alone writes
+    none). GGUF files carry their tokenizer and Hub ids cannot be checked offline: both count as having one."""
+    path, gguf_file = split_gguf(path, gguf_file)
+    if gguf_file is not None or not os.path.isdir(path):
+        return True
+    return any(os.path.isfile(os.path.join(path, name)) for name in TOKENIZER_FILES)
 
 
 def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
+    """``AutoTokenizer.from_pretrained`` of a directory, Hub id or GGUF file; a local directory without tokenizer
+    files is a clear error (see :func:`has_tokenizer`)."""
     from transformers import AutoTokenizer
 
     path, gguf_file = split_gguf(path, gguf_file)
-    return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+    check_source(path, gguf_file)
+    if not has_tokenizer(path, gguf_file):
+        raise FileNotFoundError(f"{path}: no tokenizer found (none of {', '.join(TOKENIZER_FILES[:3])}, ...); the "
+                                "checkpoint was saved without one. Pass a tokenizer from elsewhere.")
+    with _explaining_missing_source(path):
+        return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
 
 
 def load_smollm2(**kwargs: Any):

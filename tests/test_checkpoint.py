@@ -1,6 +1,7 @@
 """Checkpoint format: save/load in a fresh process, loading without hf-posenc, and export for stock Transformers."""
 
 import json
+import shutil
 import warnings
 
 import pytest
@@ -98,8 +99,13 @@ def test_export_stock_loads_without_hf_posenc_with_identical_logits(saved, tmp_p
         assert "auto_map" not in json.loads((d / "config.json").read_text())
 
 
-def test_tape_adapter_restores_exactly_on_a_base_loaded_any_way(tmp_path):
+def test_tape_adapter_restores_on_a_base_loaded_any_way(tmp_path):
+    """The trained model and the reloaded one differ in ``requires_grad``, so CPU matmul may take another path
+    (about 2e-6 with peft 0.21): float32 tolerance there. Loading through the plugin or remote code is the same
+    computation as loading here, so those agree bit for bit."""
     peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
     from hf_posenc.adapters import lora_config, save_adapter
 
     ids = random_ids(2, 30)
@@ -111,12 +117,17 @@ def test_tape_adapter_restores_exactly_on_a_base_loaded_any_way(tmp_path):
             p.data.add_(torch.randn_like(p) * 0.2)
     save_adapter(wrapped, tmp_path / "adapter")
     with torch.no_grad():
-        expected = wrapped(ids).logits
+        trained = wrapped(ids).logits
+        reloaded = peft.PeftModel.from_pretrained(
+            AutoModelForCausalLM.from_pretrained(tmp_path / "base", attn_implementation="eager").eval(),
+            tmp_path / "adapter",
+        )(ids).logits
+    torch.testing.assert_close(reloaded, trained, rtol=1e-5, atol=1e-5)  # float32; dropped TAPE weights: > 1e-2
     for mode in ("plugin", "remote"):
         job = jobs_for([tmp_path / "base"], f"adapter-{mode}", adapter=str(tmp_path / "adapter"))
         result = load_in_fresh_process(job, ids, tmp_path, mode)[job[0]["out"]]
         assert "error" not in result, result
-        assert torch.equal(torch.load(job[0]["out"]), expected), mode
+        assert torch.equal(torch.load(job[0]["out"]), reloaded), mode
 
 
 def test_export_refuses_what_stock_transformers_cannot_express(tmp_path):
@@ -145,3 +156,165 @@ def test_checkpoints_this_version_cannot_honour_are_clear_errors(tmp_path, edit,
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=match):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+# -- adapters cannot load onto the wrong base ------------------------------------------------------------------------
+def _tape_over_cope(**overrides):
+    return hf_posenc.patch_model(tiny_model("llama", **overrides), "tape", frequencies={"scheme": "cope", "clip_low_n": 3})
+
+
+# The base each adapter is trained on, and bases it must refuse with (part of) the message that says why.
+ADAPTER_BASES = {
+    "tape over cope": (_tape_over_cope, {
+        "unpatched": (lambda: tiny_model("llama"), r"modules \['tape'\] are missing from the base.*Fix: patch the base "
+                      r"first: `hf_posenc.patch_model\(base, 'tape', frequencies=\{'scheme': 'cope', 'layers': "
+                      r"'global', 'clip_low_n': 3\}\)`"),
+        "another scheme": (lambda: hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=3),
+                           r"scheme: adapter 'tape', base 'cope'.*replace=True\)`"),
+        "plain tape": (lambda: hf_posenc.patch_model(tiny_model("llama"), "tape"),
+                       r"differ in options.frequencies: adapter \{'scheme': 'cope'.*\}, base None"),
+        "other frequencies": (lambda: hf_posenc.patch_model(tiny_model("llama"), "tape",
+                                                            frequencies={"scheme": "cope", "clip_low_n": 2}),
+                              r"options.frequencies.clip_low_n: adapter 3, base 2"),
+        "another base model": (lambda: _tape_over_cope(rope_parameters={"rope_type": "default", "rope_theta": 5e5}),
+                               r"original_rope_parameters.rope_theta: adapter 10000.0, base 500000.0.*another base "
+                               r"model: load the one the adapter was trained on"),
+    }),
+    "cope": (lambda: hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=3), {
+        "unpatched": (lambda: tiny_model("llama"),
+                      r"scheme: adapter 'cope', base none \(unpatched\).*`hf_posenc.patch_model\(base, 'cope', "
+                      r"clip_low_n=3\)`"),
+        "other options": (lambda: hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=2),
+                          r"options.clip_low_n: adapter 3, base 2"),
+    }),
+}
+
+
+def _peft_load_adapter(base, path):
+    """``PeftModel.load_adapter``: a second adapter on a PeftModel already wrapping the base."""
+    from peft import LoraConfig, get_peft_model
+
+    wrapped = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj"]), adapter_name="first")
+    wrapped.load_adapter(path, adapter_name="trained")
+    wrapped.set_adapter("trained")
+    return wrapped
+
+
+def _transformers_load_adapter(base, path):
+    base.load_adapter(str(path))
+    return base
+
+
+def _adapter_loaders():
+    from peft import PeftModel
+
+    from hf_posenc.adapters import load_adapter
+
+    return {"PeftModel.from_pretrained": PeftModel.from_pretrained, "model.load_adapter": _transformers_load_adapter,
+            "hf_posenc.adapters.load_adapter": load_adapter, "PeftModel.load_adapter": _peft_load_adapter}
+
+
+def _write_adapter(kind, writer, path):
+    """Train-by-perturbation an adapter on the ``kind`` base and save it as ``writer`` does; returns its logits."""
+    peft = pytest.importorskip("peft")
+    from hf_posenc.adapters import lora_config, save_adapter
+    from hf_posenc.training.trainer import save_output
+
+    base = ADAPTER_BASES[kind][0]()
+    wrapped = peft.get_peft_model(base, lora_config(base, r=2))
+    for p in wrapped.parameters():
+        if p.requires_grad:
+            p.data.add_(torch.randn_like(p) * 0.2)
+    if writer == "save_adapter":  # what hf_posenc.push_to_hub publishes
+        save_adapter(wrapped, path)
+    else:  # what `hf-posenc train` saves
+        save_output(wrapped, path)
+    with torch.no_grad():
+        return wrapped(random_ids(2, 20)).logits
+
+
+@pytest.mark.parametrize("writer", ["save_adapter", "hf-posenc train"])
+@pytest.mark.parametrize("kind", list(ADAPTER_BASES))
+def test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_the_right_one(tmp_path, kind, writer):
+    expected = _write_adapter(kind, writer, tmp_path / "adapter")
+    record = json.loads((tmp_path / "adapter" / "hf_posenc_adapter.json").read_text())["hf_posenc"]
+    assert record == hf_posenc.patching.scheme_record(ADAPTER_BASES[kind][0]()).to_dict()
+    assert not (tmp_path / "adapter" / "hf_posenc_scheme.json").exists()  # one adapter record, not two
+    right, wrong = ADAPTER_BASES[kind]
+    for name, load in _adapter_loaders().items():
+        for case, (make, match) in wrong.items():
+            base = make()
+            state = {k: v.clone() for k, v in base.state_dict().items()}
+            with pytest.raises(ValueError, match=match) as info:
+                load(base, tmp_path / "adapter")
+            assert "hf_posenc_adapter.json" not in str(info.value) and "unguard_peft_loading" in str(info.value)
+            assert not hasattr(base, "peft_config") or list(base.peft_config) == ["first"], (name, case)
+            after = base.state_dict() if name != "PeftModel.load_adapter" else state  # first adapter's own layers
+            assert after.keys() == state.keys() and all(torch.equal(after[k], state[k]) for k in state), (name, case)
+        loaded = load(right(), tmp_path / "adapter").eval()
+        with torch.no_grad():
+            got = loaded(random_ids(2, 20)).logits
+        # The trained model's weights require grad and the loaded ones do not: CPU matmul may take another path.
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5, msg=lambda m: f"{name}: {m}")
+
+
+def test_loading_from_an_adapter_folder_and_the_opt_out(tmp_path, monkeypatch):
+    """``AutoModelForCausalLM.from_pretrained(adapter_dir)`` loads the base it names, then the adapter, checked;
+    ``unguard_peft_loading`` (or HF_POSENC_GUARD_PEFT=0 at import) restores PEFT's unchecked loading."""
+    peft = pytest.importorskip("peft")
+    from transformers import AutoModelForCausalLM
+
+    from hf_posenc import adapters
+
+    expected = _write_adapter("tape over cope", "save_adapter", tmp_path / "adapter")
+    _tape_over_cope().save_pretrained(tmp_path / "right-base")
+    hf_posenc.patch_model(tiny_model("llama"), "tape").save_pretrained(tmp_path / "wrong-base")
+    config = json.loads((tmp_path / "adapter" / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "wrong-base")
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match="options.frequencies: adapter"):
+        AutoModelForCausalLM.from_pretrained(tmp_path / "adapter")
+    config["base_model_name_or_path"] = str(tmp_path / "right-base")
+    (tmp_path / "adapter" / "adapter_config.json").write_text(json.dumps(config))
+    with torch.no_grad():
+        got = AutoModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()(random_ids(2, 20)).logits
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+    adapters.unguard_peft_loading()
+    try:
+        assert not getattr(peft.PeftModel.from_pretrained.__func__, "_hf_posenc_guard", False)
+        loaded = peft.PeftModel.from_pretrained(tiny_model("llama"), tmp_path / "adapter")  # wrong base, no word
+        with torch.no_grad():
+            assert (loaded(random_ids(2, 20)).logits - expected).abs().max() > 1e-2  # what the check prevents
+        with pytest.raises(ValueError, match="base none"):  # the explicit loader checks regardless
+            adapters.load_adapter(tiny_model("llama"), tmp_path / "adapter")
+        monkeypatch.setenv("HF_POSENC_GUARD_PEFT", "0")
+        hf_posenc._guard_peft()  # what `import hf_posenc` runs
+        assert not getattr(peft.PeftModel.from_pretrained.__func__, "_hf_posenc_guard", False)
+        monkeypatch.setenv("HF_POSENC_GUARD_PEFT", "1")
+        hf_posenc._guard_peft()
+        assert peft.PeftModel.from_pretrained.__func__._hf_posenc_guard
+    finally:
+        adapters.guard_peft_loading()
+    with pytest.raises(ValueError, match="base none"):
+        peft.PeftModel.from_pretrained(tiny_model("llama"), tmp_path / "adapter")
+
+
+def test_an_adapter_record_is_read_from_a_hub_repository(tmp_path, monkeypatch):
+    """A Hub id goes through the Hub cache (here filled by hand, offline): the record is fetched like the weights."""
+    peft = pytest.importorskip("peft")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+    _write_adapter("cope", "save_adapter", tmp_path / "adapter")
+    commit = "0" * 40
+    repo = tmp_path / "cache" / "models--me--cope-adapter"
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    shutil.copytree(tmp_path / "adapter", repo / "snapshots" / commit)
+    hub = {"cache_dir": str(tmp_path / "cache"), "local_files_only": True}
+    with pytest.raises(ValueError, match=r"scheme: adapter 'cope', base none"):
+        peft.PeftModel.from_pretrained(tiny_model("llama"), "me/cope-adapter", **hub)
+    base = hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=3)
+    assert isinstance(peft.PeftModel.from_pretrained(base, "me/cope-adapter", **hub), peft.PeftModel)

@@ -1,7 +1,14 @@
 """The hf-posenc command line on a tiny checkpoint."""
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
+import pytest
 import torch
 
 import hf_posenc
@@ -43,3 +50,184 @@ def test_repeated_model_names_are_refused(tmp_path, capsys):
     (tmp_path / "t.txt").write_text("some text " * 50)
     code = cli(["diagnose", "a=x", "a=y", "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "o")])
     assert code == 2 and "repeat; name them with NAME=PATH" in capsys.readouterr().err
+
+
+# -- the command line never clobbers a checkpoint ------------------------------------------------------------------
+REPO = Path(__file__).resolve().parent.parent
+# A child process that runs several writes at once, each in its own thread, and stops each for good once the
+# model files are in the output's temporary directory and the tokenizer is next (announcing that directory in
+# READY_DIR first): the parent then kills the process with SIGKILL, mid-write.
+STOP_BEFORE_TOKENIZER = textwrap.dedent(
+    """
+    import json, pathlib, sys, threading, time
+    from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+    ready_dir, jobs = pathlib.Path(sys.argv[1]), json.loads(sys.argv[2])
+
+    def stop(self, directory, *args, **kwargs):
+        (ready_dir / pathlib.Path(directory).name).write_text(str(directory))
+        time.sleep(600)
+
+    def train_save(source, out):  # the trainer's save of an adapter (and, through the same function, the merge)
+        import peft, hf_posenc
+        from hf_posenc.adapters import lora_config
+        from hf_posenc.training.trainer import save_output
+        from tiny import tiny_model
+        base = hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=2)
+        save_output(peft.get_peft_model(base, lora_config(base, r=2)), pathlib.Path(out),
+                    AutoTokenizer.from_pretrained(source))
+
+    PreTrainedTokenizerBase.save_pretrained = stop
+    sys.path.insert(0, sys.argv[3])
+    from hf_posenc.cli import main
+    for job in jobs:
+        target, args = (train_save, job[1:]) if job[0] == "train-save" else (main, (job,))
+        threading.Thread(target=target, args=args, daemon=True).start()
+    time.sleep(600)
+    """
+)
+
+
+def _word_tokenizer():
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {w: i for i, w in enumerate(["<pad>", "<s>", "</s>", "<unk>", "the", "cat", "sat"])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>")
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture
+def patched_dir(tmp_path):
+    """An hf-posenc checkpoint (CoPE on a tiny Llama) with a tokenizer."""
+    model = hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=2)
+    model.save_pretrained(tmp_path / "cope")
+    _word_tokenizer().save_pretrained(tmp_path / "cope")
+    return tmp_path / "cope"
+
+
+@pytest.mark.parametrize("command", ["patch", "export"])
+def test_an_output_that_is_inside_or_around_the_input_is_refused_and_nothing_changes(patched_dir, capsys, command):
+    before = _snapshot(patched_dir)
+    scheme = ["--scheme", "prope", "-o", "p=0.5", "--replace"] if command == "patch" else []
+    for output, overwrite, message in [
+        (patched_dir, [], "is the input"),
+        (patched_dir, ["--overwrite"], "is the input"),
+        (patched_dir / "sub", [], "lies inside the input"),
+        (patched_dir.parent, ["--overwrite"], "contains the input"),
+    ]:
+        assert cli([command, str(patched_dir), str(output), *scheme, *overwrite]) == 2
+        assert message in capsys.readouterr().err, (output, overwrite)
+    assert _snapshot(patched_dir) == before and not (patched_dir / "sub").exists()
+
+
+def test_a_non_empty_output_needs_overwrite_and_then_no_stale_file_survives(patched_dir, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert cli(["patch", str(patched_dir), str(out), "--scheme", "tape", "--replace"]) == 0  # an hf-posenc checkpoint
+    hf_files = sorted(p.name for p in out.glob("hf_posenc_*.py"))
+    assert hf_files and (out / "tokenizer.json").exists()
+    before = _snapshot(out)
+    assert cli(["export", str(patched_dir), str(out)]) == 2
+    assert "exists and is not empty; pass --overwrite" in capsys.readouterr().err
+    assert _snapshot(out) == before
+    assert cli(["export", str(patched_dir), str(out), "--overwrite"]) == 0
+    assert sorted(os.listdir(out)) == ["config.json", "generation_config.json", "model.safetensors",
+                                       "tokenizer.json", "tokenizer_config.json"]  # no remote code, old or new
+    assert json.loads((out / "config.json").read_text())["rope_parameters"]["rope_type"] == "longrope"
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary directory left
+    (tmp_path / "empty").mkdir()  # an existing empty directory is fine without --overwrite
+    assert cli(["export", str(patched_dir), str(tmp_path / "empty"), "--no-tokenizer"]) == 0
+
+
+def test_writes_killed_midway_leave_the_previous_output_intact(patched_dir, tmp_path):
+    """`export`, `patch` and the trainer's save (adapter or merged model), SIGKILLed mid-write."""
+    jobs, before = [], {}
+    for what in ("export", "patch", "train-save"):
+        out = tmp_path / what
+        out.mkdir()
+        (out / "previous.txt").write_text(f"the previous output of {what}")
+        before[what] = _snapshot(out)
+        jobs.append({"export": ["export", str(patched_dir), str(out), "--overwrite"],
+                     "patch": ["patch", str(patched_dir), str(out), "--overwrite", "--scheme", "prope", "--replace"],
+                     "train-save": ["train-save", str(patched_dir), str(out)]}[what])
+    ready = tmp_path / "ready"
+    ready.mkdir()
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(REPO)}
+    proc = subprocess.Popen([sys.executable, "-c", STOP_BEFORE_TOKENIZER, str(ready), json.dumps(jobs),
+                             str(REPO / "tests")], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while len(os.listdir(ready)) < len(jobs) and proc.poll() is None and time.time() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.1)  # the announcements are written whole
+        partials = {Path(p.read_text()) for p in ready.iterdir()}
+        assert len(partials) == len(jobs), proc.stderr.read().decode()[-3000:] if proc.poll() is not None else partials
+    finally:
+        proc.kill()  # SIGKILL: no clean-up code runs
+        proc.wait()
+    for what in before:
+        (partial,) = [p for p in partials if p.name.startswith(f".{what}.partial-")]
+        assert partial.parent == tmp_path
+        written = {p.name for p in partial.iterdir()}
+        assert written & {"model.safetensors", "adapter_model.safetensors"}, (what, written)  # killed mid-write
+        assert _snapshot(tmp_path / what) == before[what], what
+        assert cli(["export", str(patched_dir), str(tmp_path / what), "--overwrite", "--no-tokenizer"]) == 0
+        assert not partial.exists(), what  # the dead process's temporary directory is removed by the next write
+        assert not (tmp_path / what / "previous.txt").exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+
+
+def test_atomic_dir_keeps_the_target_when_the_writer_fails(tmp_path):
+    from hf_posenc.io_atomic import atomic_dir
+
+    target = tmp_path / "t"
+    target.mkdir()
+    (target / "a.txt").write_text("old")
+    with pytest.raises(RuntimeError, match="writer failed"):
+        with atomic_dir(target, overwrite=True) as tmp:
+            (tmp / "b.txt").write_text("new")
+            raise RuntimeError("writer failed")
+    assert _snapshot(target) == {"a.txt": b"old"} and sorted(os.listdir(tmp_path)) == ["t"]
+    with atomic_dir(target, overwrite=True) as tmp:
+        (tmp / "b.txt").write_text("new")
+    assert _snapshot(target) == {"b.txt": b"new"} and sorted(os.listdir(tmp_path)) == ["t"]
+    assert oct(target.stat().st_mode & 0o777) == oct(0o777 & ~_umask())  # an ordinary directory, not mkdtemp's 0700
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_checkpoint_saved_without_a_tokenizer_exports_the_model_alone(tmp_path, capsys):
+    hf_posenc.patch_model(tiny_model("qwen2"), "cope", clip_low_n=2).save_pretrained(tmp_path / "cope")
+    for command, extra in [("export", []), ("patch", ["--scheme", "prope", "--replace"])]:
+        assert cli([command, str(tmp_path / "cope"), str(tmp_path / command), *extra]) == 0
+        err = capsys.readouterr().err
+        assert f"no tokenizer found in {tmp_path / 'cope'}; writing the model alone" in err, err
+        assert (tmp_path / command / "model.safetensors").exists()
+        assert not list((tmp_path / command).glob("tokenizer*"))
+
+
+def test_a_missing_source_is_named_as_such(tmp_path, capsys, monkeypatch):
+    import huggingface_hub.constants
+
+    message = "no such directory or file; not a Hub id reachable offline"
+    missing = tmp_path / "no-such-checkpoint"
+    for args in (["info", str(missing)], ["export", str(missing), str(tmp_path / "o")],
+                 ["patch", str(missing), str(tmp_path / "o"), "--scheme", "cope"]):
+        assert cli(args) == 2
+        assert f"{missing}: {message}" in capsys.readouterr().err, args
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # a Hub-shaped id, offline, not cached
+    assert cli(["info", "hf-posenc-tests/no-such-model"]) == 2
+    err = capsys.readouterr().err
+    assert f"hf-posenc-tests/no-such-model: {message}" in err and "couldn't connect" not in err
+    assert not (tmp_path / "o").exists()

@@ -226,6 +226,10 @@ def test_tiny_recipe_end_to_end(workspace):
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3 - 0.3, losses
     assert (Path(result.output_dir) / "checkpoint-8").is_dir()
 
+    unpatched = AutoModelForCausalLM.from_pretrained(workspace / "model", attn_implementation="sdpa")
+    with pytest.raises(ValueError, match=r"scheme: adapter 'cope', base none.*patch the base first: "
+                                         r"`hf_posenc.patch_model\(base, 'cope'"):
+        PeftModel.from_pretrained(unpatched, result.model_dir)  # the adapter record written by the run
     base = AutoModelForCausalLM.from_pretrained(workspace / "model", attn_implementation="sdpa")
     hf_posenc.patch_model(base, "cope")
     reloaded = PeftModel.from_pretrained(base, result.model_dir).eval()

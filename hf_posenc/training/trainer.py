@@ -309,6 +309,21 @@ class TrainResult:
     evaluation: Any = None
 
 
+def save_output(model: Any, directory: Path, tokenizer: Any = None) -> None:
+    """Save the trained adapter (with its adapter record, see :mod:`hf_posenc.adapters`) or full model, and the
+    tokenizer, replacing ``directory`` at once: a run killed while saving leaves the previous output intact."""
+    from ..adapters import save_adapter
+    from ..io_atomic import atomic_dir
+
+    with atomic_dir(directory, overwrite=True) as tmp:  # the run owns its output.dir (a resumed run saves again)
+        if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
+            save_adapter(model, tmp)
+        else:
+            model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+
+
 def _checkpoint_step(path: str) -> int:
     state = json.loads((Path(path) / "trainer_state.json").read_text())
     return int(state["global_step"])
@@ -384,17 +399,12 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     final = trainer.accelerator.unwrap_model(trainer.model)
     if trainer.accelerator.is_main_process:
         final.config.use_cache = True
-        final.save_pretrained(model_dir)
-        (model_dir / "hf_posenc_scheme.json").write_text(json.dumps({"scheme": scheme.name, **scheme.to_dict()}))
-        if recipe.output.save_tokenizer:
-            tokenizer.save_pretrained(model_dir)
+        save_output(final, model_dir, tokenizer if recipe.output.save_tokenizer else None)
     trainer.accelerator.wait_for_everyone()
     if merged_dir is not None:
         final = final.merge_and_unload()
         if trainer.accelerator.is_main_process:
-            final.save_pretrained(merged_dir)
-            if recipe.output.save_tokenizer:
-                tokenizer.save_pretrained(merged_dir)
+            save_output(final, merged_dir, tokenizer if recipe.output.save_tokenizer else None)
     losses = [r["loss"] for r in read_log(log_path) if "loss" in r]
     result = TrainResult(str(out), str(model_dir), None if merged_dir is None else str(merged_dir),
                          str(log_path), losses, notes)
