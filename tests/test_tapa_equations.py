@@ -146,9 +146,8 @@ def test_full_pass_follows_eq_12_and_16(arch, options):
 def test_triton_kernel_in_the_model_follows_eq_12_and_16(options):
     model = scaled_tapa_model("llama", "triton", torch.float32, **options)
     ids = random_ids(2, 16, seed=22)
-    valid = torch.ones_like(ids, dtype=torch.bool)
-    mask = valid.long()
-    mask[0, :5] = 0
+    mask = torch.ones_like(ids)
+    mask[0, :5] = 0  # left padding through the kernel's key padding mask
     got = model_logits(model, ids, attention_mask=mask)
     want = reference_logits(model.double(), ids, mask.bool(), **options)
     torch.testing.assert_close(got.double()[mask.bool()], want[mask.bool()], **TOL32)
