@@ -5,6 +5,7 @@ For each head dim and length: forward and forward+backward, causal, bf16 — med
 (causal FLOPs = standard attention's halved: 2·B·H·L²·D forward, ×3.5 for forward+backward), peak
 memory. Then decode (one query against an L-token cache): tokens/s of the kernel vs SDPA. Ratios
 kernel/SDPA (time) and eager/kernel (time). Results go to benchmarks/results/tapa_attention-<device>.json.
+The measuring code is `hf_posenc.selftest.timing`, shared with `hf-posenc selftest`.
 
 Usage:
   python benchmarks/tapa_attention.py [--lengths 1024 2048 ... 32768] [--head-dims 64 128]
@@ -18,141 +19,17 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Callable
 
 import torch
 
 if "--smoke" in sys.argv and not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")  # must precede the kernel import
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton (hf_posenc does)
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-from common import RESULTS, device_name, slug, sync, time_interleaved  # noqa: E402
+from common import RESULTS, device_name, slug  # noqa: E402
 
-from hf_posenc.kernels.tapa import tapa_attention_reference, tapa_attention_triton  # noqa: E402
-
-FWD_BWD_FACTOR = 3.5  # backward ≈ 2.5× forward FLOPs, as in the FlashAttention papers
-
-
-def causal_flops(B: int, H: int, L: int, D: int, mode: str) -> float:
-    """Standard attention FLOPs (QKᵀ and PV, 2 flops per MAC) halved for the causal mask."""
-    fwd = 4.0 * B * H * L * L * D / 2
-    return fwd if mode == "fwd" else fwd * FWD_BWD_FACTOR
-
-
-def rope_tables(L: int, D: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    inv = 1.0 / (500_000.0 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
-    ang = torch.arange(L, device=device, dtype=torch.float32)[:, None] * inv[None, :]
-    ang = torch.cat([ang, ang], dim=-1)
-    return ang.cos().to(dtype), ang.sin().to(dtype)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    x1, x2 = x.chunk(2, dim=-1)
-    return x * cos + torch.cat([-x2, x1], dim=-1) * sin
-
-
-def sdpa_flash(q, k, v, causal: bool) -> torch.Tensor:
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    with sdpa_kernel([SDPBackend.FLASH_ATTENTION]):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1])
-
-
-def make_runner(kind: str, mode: str, q, k, v, rope) -> Callable[[], object]:
-    """A closure running one candidate once (forward only, or forward + backward)."""
-    cos, sin = rope
-
-    def forward():
-        if kind == "tapa_kernel":
-            return tapa_attention_triton(q, k, v)
-        if kind == "tapa_eager":
-            return tapa_attention_reference(q, k, v)
-        return sdpa_flash(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, causal=q.shape[2] > 1)
-
-    if mode == "fwd":
-        def run():
-            with torch.no_grad():
-                return forward()
-        return run
-
-    def run_bwd():
-        out = forward()
-        return torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
-    return run_bwd
-
-
-def eager_fits(B: int, H: int, L: int, mode: str, device: torch.device) -> tuple[bool, str]:
-    """The eager reference materialises several fp32 [B, H, L, L] tensors; skip when they cannot fit."""
-    need = B * H * L * L * 4 * (8 if mode == "fwd" else 16)
-    if device.type != "cuda":
-        return True, ""
-    free, _ = torch.cuda.mem_get_info(device)
-    if need > 0.8 * free:
-        return False, f"needs ~{need / 2**30:.1f} GiB of [B,H,L,L] fp32 temporaries, {free / 2**30:.1f} GiB free"
-    return True, ""
-
-
-def peak_memory(fn: Callable[[], object], device: torch.device) -> int | None:
-    if device.type != "cuda":
-        return None
-    sync(device)
-    torch.cuda.empty_cache()
-    base = torch.cuda.memory_allocated(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    fn()
-    sync(device)
-    return torch.cuda.max_memory_allocated(device) - base
-
-
-def bench_prefill(B, H, L, D, mode, dtype, device, repeats, group=1) -> dict:
-    g = torch.Generator(device=device).manual_seed(L + D)
-    grad = mode == "fwd_bwd"
-    q = torch.randn(B, H, L, D, device=device, dtype=dtype, generator=g).requires_grad_(grad)
-    k, v = (torch.randn(B, H // group, L, D, device=device, dtype=dtype, generator=g).requires_grad_(grad)
-            for _ in range(2))
-    rope = rope_tables(L, D, device, dtype)
-    kinds = ["tapa_kernel", "sdpa_flash_rope", "tapa_eager"]
-    skipped = {}
-    ok, why = eager_fits(B, H, L, mode, device)
-    if not ok:
-        kinds.remove("tapa_eager")
-        skipped["tapa_eager"] = why
-    runners = {kname: make_runner(kname, mode, q, k, v, rope) for kname in kinds}
-    medians, _ = time_interleaved(runners, device, repeats)
-    flops = causal_flops(B, H, L, D, "fwd" if mode == "fwd" else "fwd_bwd")
-    rows = {}
-    for kname, t in medians.items():
-        rows[kname] = {
-            "median_ms": t * 1e3,
-            "tflops": flops / t / 1e12,
-            "peak_mem_bytes": peak_memory(runners[kname], device),
-        }
-    for kname, why in skipped.items():
-        rows[kname] = {"skipped": why}
-    kt = medians["tapa_kernel"]
-    ratios = {"kernel_over_sdpa": kt / medians["sdpa_flash_rope"]}
-    if "tapa_eager" in medians:
-        ratios["eager_over_kernel"] = medians["tapa_eager"] / kt
-    return {"B": B, "H": H, "Hkv": H // group, "L": L, "D": D, "mode": mode, "results": rows, "ratios": ratios}
-
-
-def bench_decode(B, H, L, D, dtype, device, repeats, group=1) -> dict:
-    g = torch.Generator(device=device).manual_seed(7 * L + D)
-    q = torch.randn(B, H, 1, D, device=device, dtype=dtype, generator=g)
-    k, v = (torch.randn(B, H // group, L, D, device=device, dtype=dtype, generator=g) for _ in range(2))
-    rope = rope_tables(L, D, device, dtype)
-    cos1, sin1 = rope[0][-1:], rope[1][-1:]
-    kr = apply_rope(k, *rope)  # a RoPE cache stores rotated keys; only the new query is rotated per step
-    runners = {
-        "tapa_kernel": lambda: tapa_attention_triton(q, k, v),
-        "sdpa_flash_rope": lambda: sdpa_flash(apply_rope(q, cos1, sin1), kr, v, causal=False),
-    }
-    with torch.no_grad():
-        medians, _ = time_interleaved(runners, device, repeats)
-    rows = {n: {"median_ms": t * 1e3, "tokens_per_s": B / t} for n, t in medians.items()}
-    return {"B": B, "H": H, "Hkv": H // group, "L": L, "D": D, "mode": "decode", "results": rows,
-            "ratios": {"kernel_over_sdpa": medians["tapa_kernel"] / medians["sdpa_flash_rope"]}}
+from hf_posenc.selftest.timing import bench_decode, bench_prefill  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -1,0 +1,308 @@
+"""Every fast TAPA/TAPE kernel against its readable reference, on fresh random inputs.
+
+Each case runs the fast path (Triton kernel; on CPU also the chunked TAPA path when present) in the case's
+dtype, and the reference (`tapa_attention_reference`, TAPA paper eq. 12 / 16; `tape_attention_reference`,
+TAPE paper eq. 6–7) in float64 on the SAME input values, so the measured error is the fast path's alone.
+Forward outputs and, for backward cases, every input gradient are compared.
+
+Error measure, per output tensor: the largest row-relative error
+
+    max over rows i of ‖x_i − r_i‖ / (‖r_i‖ + f·rms_i ‖r_i‖)
+
+(rows are query rows for outputs and dq, key rows for dk/dv/de). Attention outputs shrink like 1/√(keys
+seen), so an absolute tolerance is either loose for long rows or tight for short ones; the row-relative
+error is scale-free. The floor f keeps rows whose reference is exactly zero (fully masked queries, padded
+keys) strict: any non-zero value there fails. Outputs use f = 0.05. Gradients use f = 1: a flash-style
+backward forms Δ = rowsum(dO∘O) from the output rounded to the input dtype, which leaves an absolute error
+of the size of a typical row in rows whose exact gradient nearly cancels (a query seeing one key has dq = 0).
+
+Tolerances per dtype (TOLERANCES) sit 5–10× above what rounding alone costs: emulating in float64 a
+kernel that rounds P, Δ's O and dS to the input dtype before the products and rounds its outputs gives, at
+L = 1024, D = 128, causal TAPA: bf16 2e-3 (output) / 3.4e-3 (dq), fp16 2.5e-4 / 1.6e-3. fp32 runs only in
+the interpreter (exact "ieee" dots), where errors stay below 4e-5.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+import traceback
+import zlib
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+TOLERANCES = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 2e-2}
+OUTPUT_FLOOR = 0.05  # f of the row-relative error for outputs
+GRADIENT_FLOOR = 1.0  # ... and for input gradients
+KERNELS = ("tapa", "tapa_chunked", "tape")
+CHUNKED_BLOCK = 16  # small blocks for the chunked CPU path, so small shapes still cross several
+
+
+@dataclass(frozen=True)
+class CheckShapes:
+    """Shapes of one check preset. `length` is Lq = Lk of prefill cases, `chunk` the query length of the
+    chunked-prefill case (Lq < Lk = length), `decode_length` the cache of the decode cases."""
+
+    batch: int
+    q_heads: int
+    kv_heads: int
+    length: int
+    head_dims: tuple[int, ...]
+    decode_length: int
+    window: int
+    chunk: int
+
+
+SHAPES = {
+    "realistic": CheckShapes(batch=2, q_heads=8, kv_heads=2, length=1024, head_dims=(128, 64), decode_length=4096,
+                             window=256, chunk=256),
+    "small": CheckShapes(batch=2, q_heads=4, kv_heads=2, length=48, head_dims=(32, 64), decode_length=80,
+                         window=16, chunk=16),
+    "tiny": CheckShapes(batch=1, q_heads=2, kv_heads=1, length=20, head_dims=(16,), decode_length=40,
+                        window=6, chunk=8),
+}
+
+
+@dataclass(frozen=True)
+class CheckCase:
+    """One comparison: `kernel` in KERNELS, `variant` names the situation, `options` are the kernel's keyword
+    arguments, `masking` adds left padding ("padding") or packed documents ("segments") to the inputs."""
+
+    kernel: str
+    variant: str
+    dtype: str
+    batch: int
+    q_heads: int
+    kv_heads: int
+    q_len: int
+    k_len: int
+    head_dim: int
+    backward: bool
+    options: tuple[tuple[str, object], ...] = ()
+    masking: str = "none"
+    e_dim: int = 0  # TAPE positional channels
+
+    @property
+    def name(self) -> str:
+        return f"{self.kernel}/{self.variant}/D{self.head_dim}/{self.dtype}"
+
+    def describe(self) -> dict:
+        return {"B": self.batch, "Hq": self.q_heads, "Hkv": self.kv_heads, "Lq": self.q_len, "Lk": self.k_len,
+                "D": self.head_dim, **({"De": self.e_dim} if self.kernel == "tape" else {})}
+
+
+@dataclass
+class CheckResult:
+    """Outcome of one case: errors per tensor (row-relative, see the module docstring) against `tolerance`;
+    `message` says what failed (the tensor over tolerance, or the exception a kernel raised)."""
+
+    name: str
+    kernel: str
+    dtype: str
+    shape: dict
+    options: dict
+    masking: str
+    backward: bool
+    passed: bool
+    tolerance: float
+    errors: dict[str, float] = field(default_factory=dict)
+    message: str | None = None
+    traceback: str | None = None
+    seconds: float = 0.0
+
+
+def chunked_available() -> bool:
+    """Whether this install has the chunked CPU TAPA path (hf_posenc.kernels.tapa.chunked)."""
+    return importlib.util.find_spec("hf_posenc.kernels.tapa.chunked") is not None
+
+
+def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], kernels: tuple[str, ...]) -> list[CheckCase]:
+    """The case list: for TAPA (and the chunked path) causal GQA at every head dim, non-causal with
+    non-default α/θ, key padding, packed segments, sliding window, linear phase (eq. 16), chunked prefill
+    (Lq < Lk) with backward, and decode (Lq = 1, and Lq = 4 with padding and a window); for TAPE causal GQA
+    at every head dim, De ≠ D with a custom scale, non-causal, key padding, chunked prefill, decode."""
+    for dt in dtypes:
+        if dt not in DTYPES:
+            raise ValueError(f"unknown dtype {dt!r}; pick from {sorted(DTYPES)}")
+    s = shapes
+    d0 = s.head_dims[0]
+    cases: list[CheckCase] = []
+    for dt in dtypes:
+        base = dict(dtype=dt, batch=s.batch, q_heads=s.q_heads, kv_heads=s.kv_heads)
+        prefill = dict(base, q_len=s.length, k_len=s.length)
+        decode = dict(base, k_len=s.decode_length, backward=False)
+        for kernel in (k for k in kernels if k in ("tapa", "tapa_chunked")):
+            for d in s.head_dims:
+                cases.append(CheckCase(kernel, "causal-gqa", head_dim=d, backward=True, **prefill))
+            cases += [
+                CheckCase(kernel, "noncausal-alpha0.5-theta0.25", head_dim=d0, backward=True,
+                          options=(("causal", False), ("alpha", 0.5), ("theta", 0.25)), **prefill),
+                CheckCase(kernel, "key-padding", head_dim=d0, backward=True, masking="padding", **prefill),
+                CheckCase(kernel, "packed-segments", head_dim=d0, backward=True, masking="segments", **prefill),
+                CheckCase(kernel, "sliding-window", head_dim=d0, backward=True,
+                          options=(("sliding_window", s.window),), **prefill),
+                CheckCase(kernel, "linear-phase", head_dim=d0, backward=True, options=(("phase", "linear"),),
+                          **prefill),
+                CheckCase(kernel, "chunked-prefill", head_dim=d0, backward=True,
+                          **dict(base, q_len=s.chunk, k_len=s.length)),
+                CheckCase(kernel, "decode", head_dim=d0, q_len=1, **decode),
+                CheckCase(kernel, "decode-padded-window", head_dim=d0, q_len=4, masking="padding",
+                          options=(("sliding_window", s.window),), **decode),
+            ]
+        if "tape" in kernels:
+            for d in s.head_dims:
+                cases.append(CheckCase("tape", "causal-gqa", head_dim=d, e_dim=d, backward=True, **prefill))
+            cases += [
+                CheckCase("tape", "e-width-scale", head_dim=d0, e_dim=max(2, d0 // 2), backward=True,
+                          options=(("scale", 0.3),), **prefill),
+                CheckCase("tape", "noncausal", head_dim=d0, e_dim=d0, backward=True, options=(("causal", False),),
+                          **prefill),
+                CheckCase("tape", "key-padding", head_dim=d0, e_dim=d0, backward=True, masking="padding", **prefill),
+                CheckCase("tape", "chunked-prefill", head_dim=d0, e_dim=d0, backward=True,
+                          **dict(base, q_len=s.chunk, k_len=s.length)),
+                CheckCase("tape", "decode", head_dim=d0, e_dim=d0, q_len=1, **decode),
+                CheckCase("tape", "decode-padded", head_dim=d0, e_dim=d0, q_len=4, masking="padding", **decode),
+            ]
+    return cases
+
+
+# --------------------------------------------------------------------------------------------------
+# Inputs
+# --------------------------------------------------------------------------------------------------
+
+
+def _left_padding(batch: int, k_len: int) -> torch.Tensor:
+    """Bool [B, Lk], True = real token: row b is left-padded by b·Lk/(2B) tokens (row 0 by Lk/4 when B = 1)."""
+    mask = torch.ones(batch, k_len, dtype=torch.bool)
+    for b in range(batch):
+        pad = (b * k_len) // (2 * batch) if batch > 1 else k_len // 4
+        mask[b, :pad] = False
+    return mask
+
+
+def _segments(batch: int, k_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed documents: segment ids [B, Lk] (three documents per row, cut differently per row) and
+    positions restarting at 0 in each document."""
+    seg = torch.zeros(batch, k_len, dtype=torch.long)
+    pos = torch.zeros(batch, k_len, dtype=torch.long)
+    for b in range(batch):
+        cuts = [0, max(1, k_len // (3 + b)), max(2, (2 * k_len) // 3 - b), k_len]
+        for s_id, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:])):
+            seg[b, lo:hi] = s_id
+            pos[b, lo:hi] = torch.arange(hi - lo)
+    return seg, pos
+
+
+def _inputs(case: CheckCase, gen: torch.Generator) -> tuple[list[torch.Tensor], dict]:
+    """Float32 CPU tensors (q, k, v[, e]) and the masking keyword arguments, on CPU."""
+    B, Hq, Hkv, Lq, Lk, D = case.batch, case.q_heads, case.kv_heads, case.q_len, case.k_len, case.head_dim
+    tensors = [torch.randn(B, Hq, Lq, D, generator=gen), torch.randn(B, Hkv, Lk, D, generator=gen),
+               torch.randn(B, Hkv, Lk, D, generator=gen)]
+    if case.kernel == "tape":
+        tensors.append(torch.randn(B, Hkv, Lk, case.e_dim, generator=gen))
+    extra: dict = {}
+    if case.masking == "padding":
+        mask = _left_padding(B, Lk)
+        extra["key_padding_mask"] = mask
+        if case.kernel != "tape":  # TAPA distances come from positions, counted over real tokens
+            k_pos = (mask.long().cumsum(-1) - 1).clamp_min(0)
+            extra.update(k_positions=k_pos, q_positions=k_pos[:, Lk - Lq:])
+    elif case.masking == "segments":
+        seg, pos = _segments(B, Lk)
+        extra.update(k_segment_ids=seg, q_segment_ids=seg[:, Lk - Lq:], k_positions=pos, q_positions=pos[:, Lk - Lq:])
+    return tensors, extra
+
+
+# --------------------------------------------------------------------------------------------------
+# Running one case
+# --------------------------------------------------------------------------------------------------
+
+
+def kernel_functions(kernel: str) -> tuple[Callable, Callable]:
+    """(fast path, reference) of a kernel, looked up now so a monkeypatched kernel is the one checked."""
+    if kernel == "tapa":
+        from ..kernels import tapa
+
+        return tapa.tapa_attention_triton, tapa.tapa_attention_reference
+    if kernel == "tapa_chunked":
+        from ..kernels import tapa
+        from ..kernels.tapa import chunked
+
+        def fast(*args, **kwargs):
+            return chunked.tapa_attention_chunked(*args, block_q=CHUNKED_BLOCK, block_k=CHUNKED_BLOCK, **kwargs)
+
+        return fast, tapa.tapa_attention_reference
+    if kernel == "tape":
+        from ..kernels import tape
+
+        return tape.tape_attention_triton, tape.tape_attention_reference
+    raise ValueError(f"unknown kernel {kernel!r}; pick from {KERNELS}")
+
+
+def row_relative_error(x: torch.Tensor, ref: torch.Tensor, floor: float) -> float:
+    """max_i ‖x_i − r_i‖ / (‖r_i‖ + floor·rms_i ‖r_i‖) over the rows (last dim) of float64 tensors;
+    inf if x has a non-finite entry."""
+    if not torch.isfinite(x).all():
+        return float("inf")
+    diff = (x - ref).flatten(0, -2).norm(dim=-1)
+    norms = ref.flatten(0, -2).norm(dim=-1)
+    eps = max(floor * norms.pow(2).mean().sqrt().item(), 1e-30)
+    return (diff / (norms + eps)).max().item()
+
+
+def _as_tuple(out) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def run_case(case: CheckCase, device: torch.device) -> CheckResult:
+    """Run one case on `device`; an exception from a kernel (compile error, launch failure, ...) makes the
+    case fail with its type and message recorded, and the remaining cases still run."""
+    tol = TOLERANCES[case.dtype]
+    result = CheckResult(case.name, case.kernel, case.dtype, case.describe(), dict(case.options), case.masking,
+                         case.backward, passed=False, tolerance=tol)
+    start = time.perf_counter()
+    try:
+        result.errors = _compare(case, device)
+        bad = {k: v for k, v in result.errors.items() if not v <= tol}
+        result.passed = not bad
+        if bad:
+            result.message = "; ".join(f"{k}: row-relative error {v:.3g} > tolerance {tol:g}" for k, v in bad.items())
+    except Exception as exc:  # noqa: BLE001 -- reported as this case's failure, with the traceback in the JSON
+        result.message = f"{type(exc).__name__}: {exc}".strip()[:2000]
+        result.traceback = traceback.format_exc()
+    result.seconds = time.perf_counter() - start
+    return result
+
+
+def _compare(case: CheckCase, device: torch.device) -> dict[str, float]:
+    fast, reference = kernel_functions(case.kernel)
+    dtype = DTYPES[case.dtype]
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()))
+    base, extra = _inputs(case, gen)
+    extra = {k: v.to(device) for k, v in extra.items()}
+    kwargs = {**dict(case.options), **extra}
+    xs = [t.to(device=device, dtype=dtype).requires_grad_(case.backward) for t in base]
+    refs = [t.detach().to(device=device, dtype=torch.float64).requires_grad_(case.backward) for t in xs]
+
+    outs = _as_tuple(fast(*xs, **kwargs))
+    ref_outs = _as_tuple(reference(*refs, **kwargs))
+    out_names = ("out",) if len(ref_outs) == 1 else ("o", "e_out")
+    if len(outs) != len(ref_outs):
+        raise AssertionError(f"the fast path returned {len(outs)} outputs, the reference {len(ref_outs)}")
+    errors = {}
+    for name, o, r in zip(out_names, outs, ref_outs):
+        if o.shape != r.shape or o.dtype != dtype:
+            raise AssertionError(f"{name}: got {o.dtype} {list(o.shape)}, expected {dtype} {list(r.shape)}")
+        errors[name] = row_relative_error(o.detach().double(), r.detach(), OUTPUT_FLOOR)
+    if case.backward:
+        cots = [torch.randn(r.shape, generator=gen).to(device=device, dtype=dtype) for r in ref_outs]
+        grads = torch.autograd.grad(outs, xs, cots)
+        ref_grads = torch.autograd.grad(ref_outs, refs, [c.double() for c in cots])
+        for name, g, r in zip(("dq", "dk", "dv", "de"), grads, ref_grads):
+            if g.dtype != dtype:
+                raise AssertionError(f"{name}: got {g.dtype}, expected {dtype} like the inputs")
+            errors[name] = row_relative_error(g.double(), r, GRADIENT_FLOOR)
+    return errors

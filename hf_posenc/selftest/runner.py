@@ -1,0 +1,228 @@
+"""`run_selftest`: the kernel checks, then the timing, on this machine's GPU (or CPU through the interpreter)."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from . import checks as checks_mod
+from . import timing as timing_mod
+from .environment import device_name, interpreting, needs_fresh_process, resolve_device, versions
+from .report import SelftestReport, TimingRow
+
+SIZES = ("realistic", "small", "tiny")
+DEFAULT_DTYPES = {"cuda": ("bf16", "fp16"), "cpu": ("fp32", "fp16")}
+CANDIDATE_LABELS = {"tapa_kernel": "TAPA (Triton)", "fused": "TAPE (Triton)", "sdpa_flash_rope": "RoPE (SDPA flash)",
+                    "rope": "RoPE (SDPA flash)"}
+
+
+@dataclass(frozen=True)
+class TimingPlan:
+    """Shapes of the timing part: batch = max(1, tokens // length) for prefill, decode_batch for decode."""
+
+    lengths: tuple[int, ...]
+    tokens: int
+    q_heads: int
+    kv_heads: int
+    head_dim: int
+    repeats: int
+    warmup: int
+    decode_batch: int
+
+
+TIMING = {
+    "realistic": TimingPlan(lengths=(1024, 2048, 4096, 8192, 16384), tokens=16384, q_heads=32, kv_heads=8,
+                            head_dim=128, repeats=5, warmup=2, decode_batch=8),
+    "small": TimingPlan(lengths=(64, 128), tokens=128, q_heads=4, kv_heads=2, head_dim=32, repeats=2, warmup=1,
+                        decode_batch=2),
+    "tiny": TimingPlan(lengths=(32,), tokens=32, q_heads=2, kv_heads=1, head_dim=16, repeats=1, warmup=0,
+                       decode_batch=1),
+}
+
+
+def run_selftest(
+    device: str | torch.device | None = None,
+    *,
+    size: str | None = None,
+    dtypes: tuple[str, ...] | list[str] | None = None,
+    lengths: tuple[int, ...] | list[int] | None = None,
+    repeats: int | None = None,
+    only: tuple[str, ...] | list[str] = (),
+    checks: bool = True,
+    timing: bool = True,
+    json_path: str | Path | None = None,
+    progress: bool = True,
+) -> SelftestReport:
+    """Check every kernel against its reference, then time TAPA and TAPE against RoPE + SDPA flash.
+
+    device: "cuda" or "cpu" (default: CUDA when available). size: "realistic" (default on CUDA: L = 1024
+    checks, 1k–16k timing), "small" (default on CPU) or "tiny". dtypes: checked dtypes (default bf16+fp16
+    on CUDA, fp32+fp16 on CPU, where the interpreter has no bf16); the timing runs in the first. only: run
+    just the checks whose name contains one of these strings. json_path: also write the report there.
+
+    On CPU the kernels must run in the Triton interpreter, which can only be switched on before `triton` is
+    first imported; when this process was started without TRITON_INTERPRET=1 the selftest runs in a fresh
+    `python -m hf_posenc.selftest` process with it set, and its report is read back.
+    """
+    dev = resolve_device(device)
+    size = size or ("realistic" if dev.type == "cuda" else "small")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    dtypes = tuple(dtypes or DEFAULT_DTYPES[dev.type])
+    for dt in dtypes:
+        if dt not in checks_mod.DTYPES:
+            raise ValueError(f"unknown dtype {dt!r}; pick from {sorted(checks_mod.DTYPES)}")
+    if dev.type == "cpu" and "bf16" in dtypes:
+        raise ValueError("bf16 needs a GPU: the Triton interpreter has no bf16; check fp32 and fp16 on CPU")
+    if dev.type == "cuda" and timing and dtypes[0] == "fp32":
+        raise ValueError("the timing runs in the first dtype listed, and SDPA's flash backend takes only bf16/fp16 "
+                         "on CUDA: list bf16 or fp16 first (e.g. --dtypes bf16 fp32) or pass --no-timing")
+    plan = TIMING[size]
+    if lengths:
+        if min(lengths) <= 0:
+            raise ValueError(f"lengths must be positive, got {list(lengths)}")
+        plan = TimingPlan(**{**asdict(plan), "lengths": tuple(int(n) for n in lengths)})
+    if repeats is not None:
+        if repeats < 1:
+            raise ValueError(f"repeats must be >= 1, got {repeats}")
+        plan = TimingPlan(**{**asdict(plan), "repeats": int(repeats)})
+
+    if needs_fresh_process(dev):
+        argv = selftest_argv(dev.type, size, dtypes, plan.lengths if lengths else None, repeats, only, checks, timing,
+                             progress)
+        return _run_in_fresh_process(argv, json_path)
+
+    kernels = ("tapa", "tape") + (("tapa_chunked",) if dev.type == "cpu" and checks_mod.chunked_available() else ())
+    cases = checks_mod.build_cases(checks_mod.SHAPES[size], dtypes, kernels) if checks else []
+    if only:
+        cases = [c for c in cases if any(s in c.name for s in only)]
+        if checks and not cases:
+            raise ValueError(f"no check name contains any of {list(only)}; names look like 'tapa/decode/D128/bf16'")
+    units = [(kernel, mode, n) for n in plan.lengths for kernel, mode in
+             (("tapa", "fwd"), ("tapa", "fwd_bwd"), ("tapa", "decode"), ("tape", "fwd"), ("tape", "fwd_bwd"))
+             ] if timing else []
+
+    report = SelftestReport(
+        device=dev.type, device_name=device_name(dev), interpreter=interpreting(), size=size, dtypes=list(dtypes),
+        versions=versions(), started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        timing_shape={**asdict(plan), "dtype": dtypes[0], "causal": True},
+        timing_note=_timing_note(dev),
+    )
+    from tqdm.auto import tqdm
+
+    t0 = time.perf_counter()
+    with tqdm(total=len(cases) + len(units), desc="selftest", unit="step", file=sys.stderr,
+              disable=not progress) as bar:
+        for case in cases:
+            bar.set_postfix_str(case.name)
+            report.checks.append(checks_mod.run_case(case, dev))
+            bar.update()
+        for kernel, mode, length in units:
+            bar.set_postfix_str(f"timing {kernel} {mode} L={length}")
+            report.timing.extend(_time_unit(kernel, mode, length, plan, checks_mod.DTYPES[dtypes[0]], dev))
+            bar.update()
+    report.duration_s = time.perf_counter() - t0
+    if json_path is not None:
+        report.write_json(json_path)
+    return report
+
+
+def _timing_note(dev: torch.device) -> str:
+    if dev.type == "cuda":
+        return ("GPU figures: median over round-robin repeats; RoPE = rotation + SDPA restricted to the flash "
+                "backend; TFLOP/s = causal matmul FLOPs (x3.5 for fwd_bwd) / time")
+    return ("CPU/interpreter figures, NOT GPU performance: the Triton kernels run in the Triton interpreter "
+            "(TRITON_INTERPRET=1) and RoPE runs through the CPU flash SDPA; they only show the timing code works")
+
+
+def _time_unit(kernel: str, mode: str, length: int, plan: TimingPlan, dtype: torch.dtype,
+               dev: torch.device) -> list[TimingRow]:
+    """Time one (kernel, mode, length); an exception becomes an error row (and fails the selftest)."""
+    group = plan.q_heads // plan.kv_heads
+    batch = plan.decode_batch if mode == "decode" else max(1, plan.tokens // length)
+    try:
+        if kernel == "tapa":
+            if mode == "decode":
+                rec = timing_mod.bench_decode(batch, plan.q_heads, length, plan.head_dim, dtype, dev, plan.repeats,
+                                              group, warmup=plan.warmup)
+            else:
+                rec = timing_mod.bench_prefill(batch, plan.q_heads, length, plan.head_dim, mode, dtype, dev,
+                                               plan.repeats, group, candidates=("tapa_kernel", "sdpa_flash_rope"),
+                                               warmup=plan.warmup)
+            results, base = rec["results"], rec["results"]["sdpa_flash_rope"]["median_ms"]
+        else:
+            shape = timing_mod.TapeBenchShape(batch=batch, heads=plan.q_heads, kv_heads=plan.kv_heads,
+                                              head_dim=plan.head_dim, e_dim=plan.head_dim, scope="layer")
+            row = timing_mod.bench_tape_length(shape, length, dev, dtype, plan.repeats, modes=(mode,),
+                                               warmup=plan.warmup, candidates=("rope", "fused"))
+            results = row[mode]
+            if "error" in results:
+                return [TimingRow(kernel, mode, length, batch, "-", error=results["error"])]
+            base = results["rope"]["median_ms"]
+    except Exception as exc:  # noqa: BLE001 -- reported as an error row and a selftest failure
+        return [TimingRow(kernel, mode, length, batch, "-", error=f"{type(exc).__name__}: {exc}".strip()[:2000])]
+    rows = []
+    for name, r in results.items():
+        if not isinstance(r, dict):
+            continue
+        rows.append(TimingRow(kernel, mode, length, batch, CANDIDATE_LABELS.get(name, name),
+                              median_ms=r["median_ms"], tflops=r.get("tflops"), tokens_per_s=r.get("tokens_per_s"),
+                              peak_mem_bytes=r.get("peak_mem_bytes"), vs_rope=r["median_ms"] / base))
+    return rows
+
+
+# --------------------------------------------------------------------------------------------------
+# Re-running in a fresh process (CPU without TRITON_INTERPRET=1 at start-up)
+# --------------------------------------------------------------------------------------------------
+
+
+def selftest_argv(device: str, size: str | None, dtypes, lengths, repeats, only, checks: bool, timing: bool,
+                  progress: bool) -> list[str]:
+    """Command-line arguments of `python -m hf_posenc.selftest` for these options."""
+    argv = ["--device", device]
+    if size:
+        argv += ["--size", size]
+    if dtypes:
+        argv += ["--dtypes", *dtypes]
+    if lengths:
+        argv += ["--lengths", *map(str, lengths)]
+    if repeats is not None:
+        argv += ["--repeats", str(repeats)]
+    for s in only:
+        argv += ["--only", s]
+    if not checks:
+        argv.append("--no-checks")
+    if not timing:
+        argv.append("--no-timing")
+    if not progress:
+        argv.append("--no-progress")
+    return argv
+
+
+def rerun_with_interpreter(argv: list[str]) -> int:
+    """Run `python -m hf_posenc.selftest ARGV` with TRITON_INTERPRET=1; returns its exit status."""
+    print("hf-posenc selftest: Triton reads TRITON_INTERPRET when it is first imported, so the CPU selftest "
+          "re-runs itself in a fresh process with TRITON_INTERPRET=1 set", file=sys.stderr, flush=True)
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    return subprocess.run([sys.executable, "-m", "hf_posenc.selftest", *argv], env=env).returncode
+
+
+def _run_in_fresh_process(argv: list[str], json_path: str | Path | None) -> SelftestReport:
+    import json
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(json_path) if json_path is not None else Path(tmp) / "selftest.json"
+        path.unlink(missing_ok=True)  # so a report left by an earlier run is never read back as this one
+        code = rerun_with_interpreter([*argv, "--json", str(path)])
+        if not path.exists():
+            raise RuntimeError(f"the selftest process exited with status {code} without writing its report "
+                               "(see its output above)")
+        return SelftestReport.from_dict(json.loads(path.read_text()))
