@@ -10,9 +10,7 @@
 
 vLLM: it reads ``proportional`` and ``longrope``; for ``longrope`` it ignores ``attention_factor`` and derives the
 attention scale from ``max_position_embeddings / original_max_position_embeddings``, which the export keeps equal
-(scale 1). So the written files carry a ``longrope`` attention factor ≠ 1 (CoPE/HardClip over YaRN) in the query/key
-weights instead, with ``attention_factor`` 1 (:mod:`hf_posenc.attention_fold`; logits equal up to float rounding),
-and every export runs in vLLM as in Transformers (measured: ``scripts/serving/vllm_compare.py``).
+(scale 1). CoPE over YaRN (attention scale ≠ 1) therefore loads in vLLM with a different attention scale.
 """
 
 from __future__ import annotations
@@ -25,7 +23,6 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from .attention_fold import fold_attention_factors
 from .io_atomic import atomic_dir
 from .patches import adapter_for
 from .patching import check_patchable, scheme_record
@@ -103,10 +100,8 @@ def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None, ove
     """
     check_patchable(model)
     stock = stock_config(model)
-    state_dict = fold_attention_factors(model, stock)  # None when there is nothing to fold (see the docstring)
     with atomic_dir(path, overwrite=overwrite) as tmp:
-        # Transformers' own save: none of the patched class's remote code
-        PreTrainedModel.save_pretrained(model, tmp, state_dict=state_dict)
+        PreTrainedModel.save_pretrained(model, tmp)  # Transformers' own: none of the patched class's remote code
         stock.to_json_file(os.path.join(tmp, "config.json"))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
