@@ -75,8 +75,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # -- TAPE (paper §3.2, eq. 6-8) ----------------------------------------------------------------------------
     Mutation(
         "tape-query-heads-use-the-wrong-kv-state", "hf_posenc/schemes/tape.py",
-        "q = rotate(q, e_kv.repeat_interleave(groups, dim=1))",
-        "q = rotate(q, e_kv.repeat(1, groups, 1, 1))",
+        "q, k = rotate(q.transpose(1, 2), e_kv), rotate(k.transpose(1, 2), e_kv)",
+        "q, k = rotate(q.transpose(1, 2), e_kv.flip(1)), rotate(k.transpose(1, 2), e_kv)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 6 with GQA: query head h must be rotated by the state of its own key/value head h // group",
     ),
@@ -89,8 +89,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tape-eq7-removed-state-not-mixed-by-attention", "hf_posenc/schemes/tape.py",
-        "return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), e_tilde",
-        "return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), e.repeat_interleave(groups, dim=2)",
+        "e = tape.mlp_update(tape.attention_update(e, e_tilde), m)",
+        "e = tape.mlp_update(tape.attention_update(e, e.repeat_interleave(e_tilde.shape[2] // e.shape[2], dim=2)), m)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 7: Ẽ = P·E, not E",
     ),
@@ -103,15 +103,15 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tape-psi-without-silu", "hf_posenc/schemes/tape.py",
-        "gate = nn.functional.silu(self.w_psi(mlp_out)).unsqueeze(-2)",
-        "gate = self.w_psi(mlp_out).unsqueeze(-2)",
+        "gate = nn.functional.silu(self.w_psi(mlp_out))",
+        "gate = self.w_psi(mlp_out)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 8: ψ is an MLP (silu gate, as in the released code), not a linear map",
     ),
     Mutation(
         "tape-attention-update-without-residual", "hf_posenc/schemes/tape.py",
-        "return e + self._over_heads(self.attn_mix, e_tilde)",
-        "return self._over_heads(self.attn_mix, e_tilde)",
+        "return e + head_map(self.attn_mix) @ e_tilde",
+        "return head_map(self.attn_mix) @ e_tilde",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "§3.3: the update is added to E through a residual connection (zero init = the original model)",
     ),
@@ -124,8 +124,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tape-sdpa-path-mixes-values-into-the-state", "hf_posenc/schemes/tape.py",
-        "e_tilde, _ = fn(attn, q, k, v[..., d:], attention_mask, **common)",
-        "e_tilde, _ = fn(attn, q, k, v[..., :d], attention_mask, **common)",
+        "e_tilde, _ = fn(attn, q, k, e, attention_mask, **kwargs)",
+        "e_tilde, _ = fn(attn, q, k, v, attention_mask, **kwargs)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 7 on the fused backends (second attention call): Ẽ = P·E, not P·V",
     ),

@@ -114,13 +114,10 @@ def reference_layer(layer, x: torch.Tensor, e: torch.Tensor, mask: torch.Tensor,
 
 
 def run_layer(layer, x, states, mask):
-    """The implementation's layer on the packed input [x | states]; returns (x_out, states_out or None)."""
-    packed = torch.cat([x, states.flatten(2)], dim=-1)
+    """The implementation's layer on (x, states [B, S, T, Hkv, D]); returns (x_out, states_out or None)."""
     with torch.no_grad():
-        out = layer(packed, attention_mask=mask, position_ids=torch.arange(x.shape[1])[None])
-    c = x.shape[-1]
-    rest = out[..., c:]
-    return out[..., :c], (rest.unflatten(-1, states.shape[2:]) if rest.shape[-1] else None)
+        out = layer((x, states), attention_mask=mask, position_ids=torch.arange(x.shape[1])[None])
+    return out if isinstance(out, tuple) else (out, None)
 
 
 def state_index(model, layer_idx: int) -> int:
