@@ -36,8 +36,8 @@ class TAPAConfig(SchemeConfig):
         theta: fraction θ of each head's dims used for the amplitude (default 0.5); θD and (1−θ)D must be
             positive integers.
         phase: ``"quadratic"`` (eq. 12) or ``"linear"`` (§4.5 ablation, eq. 16).
-        backend: ``"auto"`` (Triton kernel on CUDA or under TRITON_INTERPRET=1, else the reference),
-            ``"triton"`` or ``"reference"``.
+        backend: ``"auto"`` (Triton kernel on CUDA or under TRITON_INTERPRET=1, the chunked O(N)-memory path on
+            CPU, else the reference), ``"triton"``, ``"chunked"`` or ``"reference"``.
         layers: TAPA replaces attention in every layer, so this must stay ``"all"``.
     """
 
@@ -64,8 +64,9 @@ class TAPAConfig(SchemeConfig):
             raise ValueError(f"tapa: theta must be in (0, 1) (paper: 0.5), got {self.theta}.")
         if self.phase not in ("quadratic", "linear"):
             raise ValueError(f"tapa: phase must be 'quadratic' or 'linear', got {self.phase!r}.")
-        if self.backend not in ("auto", "triton", "reference"):
-            raise ValueError(f"tapa: backend must be 'auto', 'triton' or 'reference', got {self.backend!r}.")
+        if self.backend not in ("auto", "triton", "chunked", "reference"):
+            raise ValueError(
+                f"tapa: backend must be 'auto', 'triton', 'chunked' or 'reference', got {self.backend!r}.")
 
     def check_model(self, head_dim: int) -> None:
         from ..kernels.tapa.naive import tapa_split
@@ -169,8 +170,9 @@ def tapa_attention_forward(
 
 @functools.cache  # runs once per backend, not in every layer's forward
 def tapa_function(backend: str):
-    """The TAPA op for a backend: the Triton dispatcher (``auto``/``triton``) or the reference. Checkpoint remote
-    code carries only the reference; there ``auto`` falls back to it and ``triton`` is a clear error."""
+    """The TAPA op for a backend: the dispatcher (``auto``), the Triton kernel, the chunked CPU path or the
+    reference. Checkpoint remote code carries only the reference; there ``auto`` falls back to it and
+    ``triton`` / ``chunked`` are a clear error."""
     import importlib
 
     from ..kernels.tapa.naive import tapa_attention_reference
@@ -183,8 +185,11 @@ def tapa_function(backend: str):
         if backend == "triton":
             raise ImportError("tapa: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`)."
                               ) from exc
+        if backend == "chunked":
+            raise ImportError("tapa: backend='chunked' needs hf-posenc installed (`pip install hf-posenc`).") from exc
         return tapa_attention_reference
-    return kernels.tapa_attention if backend == "auto" else kernels.tapa_attention_triton
+    return {"auto": kernels.tapa_attention, "triton": kernels.tapa_attention_triton,
+            "chunked": kernels.tapa_attention_chunked}[backend]
 
 
 def register_tapa_attention() -> None:

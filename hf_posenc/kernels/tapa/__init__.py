@@ -1,7 +1,9 @@
 """TAPA (token-aware phase attention, paper eq. 12; linear-phase ablation eq. 16) attention op.
 
 `tapa_attention` dispatches to the fused Triton kernel when the inputs live on CUDA or when
-TRITON_INTERPRET=1 is set (CPU tests), and to the eager PyTorch reference otherwise. Both take
+TRITON_INTERPRET=1 is set (CPU tests), to the chunked flash-style PyTorch path on CPU (O(N) memory, exact
+recomputing backward), and to the eager reference otherwise. The reference (`tapa_attention_reference`)
+is the specification the other two are tested against; each path can also be called directly. All take
 
     tapa_attention(q, k, v, *, alpha=0.1, theta=0.5, phase="quadratic", causal=True,
                    q_positions=None, k_positions=None, key_padding_mask=None,
@@ -10,6 +12,9 @@ TRITON_INTERPRET=1 is set (CPU tests), and to the eager PyTorch reference otherw
 with q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D] (Hq % Hkv == 0, Lq <= Lk, queries = last Lq keys).
 sliding_window=W (int >= 1) is Transformers' sliding-window causal mask: query i (key index
 i + Lk − Lq) sees key j only if i + Lk − Lq − j < W.
+
+Triton is optional (``pip install hf-posenc[triton]``); without it the CPU paths work and
+`tapa_attention_triton` raises an ImportError that says so.
 """
 
 from __future__ import annotations
@@ -18,11 +23,27 @@ import os
 
 import torch
 
+from .chunked import tapa_attention_chunked
 from .naive import tapa_attention_reference, tapa_split, validate_tapa_args
-from .triton_tapa import tapa_attention_triton
+
+try:
+    from .triton_tapa import tapa_attention_triton
+
+    TRITON_IMPORT_ERROR: ImportError | None = None
+except ModuleNotFoundError as exc:  # only a missing Triton package; any other import error propagates
+    if not (exc.name or "").startswith("triton"):
+        raise
+    TRITON_IMPORT_ERROR = exc
+
+    def tapa_attention_triton(*args, **kwargs):  # noqa: D103 - same signature as the kernel's entry point
+        raise ImportError(
+            "tapa_attention_triton needs Triton, which is not installed: `pip install hf-posenc[triton]` "
+            "(or call tapa_attention_chunked / tapa_attention_reference)"
+        ) from TRITON_IMPORT_ERROR
 
 __all__ = [
     "tapa_attention",
+    "tapa_attention_chunked",
     "tapa_attention_reference",
     "tapa_attention_triton",
     "tapa_split",
@@ -33,6 +54,8 @@ __all__ = [
 
 def uses_triton(q: torch.Tensor) -> bool:
     """True when `tapa_attention` would run the Triton kernel for this query tensor."""
+    if TRITON_IMPORT_ERROR is not None:
+        return False
     return q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -52,8 +75,9 @@ def tapa_attention(
     k_segment_ids: torch.Tensor | None = None,
     sliding_window: int | None = None,
 ) -> torch.Tensor:
-    """TAPA attention (eq. 12, or eq. 16 with phase="linear"): Triton kernel on CUDA / interpreter,
-    eager reference otherwise (and for float64 inputs, which the kernel does not take)."""
+    """TAPA attention (eq. 12, or eq. 16 with phase="linear"): Triton kernel on CUDA / under the interpreter
+    (not for float64, which the kernel does not take), the chunked path on CPU, the eager reference on other
+    devices."""
     kwargs = dict(
         alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions, k_positions=k_positions,
         key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids, k_segment_ids=k_segment_ids,
@@ -61,4 +85,6 @@ def tapa_attention(
     )
     if isinstance(q, torch.Tensor) and uses_triton(q) and q.dtype != torch.float64:
         return tapa_attention_triton(q, k, v, **kwargs)
+    if isinstance(q, torch.Tensor) and q.device.type == "cpu":
+        return tapa_attention_chunked(q, k, v, **kwargs)
     return tapa_attention_reference(q, k, v, **kwargs)
