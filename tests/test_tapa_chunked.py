@@ -242,11 +242,11 @@ def test_padded_and_foreign_segment_blocks_are_skipped():
     q, k, v = _qkv(2, 4, 2, 32, 32, 8, seed=34)
     kpm = torch.ones(2, 32, dtype=torch.bool)
     kpm[:, 8:16] = False
-    seg = torch.tensor([[0] * 16 + [1] * 16] * 2)
+    seg = torch.tensor([[0] * 8 + [1] * 24] * 2)
     kw = dict(key_padding_mask=kpm, q_segment_ids=seg, k_segment_ids=seg)
     ref = tapa_attention_reference(q, k, v, **kw)
     k_bad, v_bad = k.clone(), v.clone()
-    k_bad[:, :, 8:16] = float("nan")  # padded everywhere
+    k_bad[:, :, 8:16] = float("nan")  # the queries' own segment, but padded in every row
     v_bad[:, :, 8:16] = float("nan")
     k_bad[:, :, :8] = float("nan")  # segment 0: foreign to the queries of segment 1
     v_bad[:, :, :8] = float("nan")
