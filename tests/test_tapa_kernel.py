@@ -18,7 +18,8 @@ from hf_posenc.kernels.tapa import (
     tapa_split,
     uses_triton,
 )
-from hf_posenc.kernels.tapa.triton_tapa import _configs, use_decode_path
+from hf_posenc.kernels._triton import INTERPRETER, Target, launch_all, plan_split_combine
+from hf_posenc.kernels.tapa.triton_tapa import tiles, use_decode_path
 
 # --------------------------------------------------------------------------------------------------
 # helpers
@@ -208,6 +209,104 @@ def test_kernel_fp16_forward():
     _check(dict(phase="linear"), 1, 2, 1, 3, 40, 32, seed=22, backward=False, dtype=torch.float16, atol=3e-3)
 
 
+# the head dims of the supported models (64: SmolLM2 / small Llamas, 128: Llama, Qwen, Mistral), short sequences
+HEAD_DIM_CASES = {
+    "d64-gqa2-causal": (dict(), (1, 4, 2, 37, 37, 64)),
+    "d64-linear-padded": (dict(phase="linear"), (1, 2, 1, 29, 37, 64)),
+    "d128-gqa2-causal": (dict(), (1, 4, 2, 21, 37, 128)),
+    "d128-window-noncausal": (dict(sliding_window=9, causal=False), (1, 2, 1, 21, 37, 128)),
+    "d128-decode-2": (dict(), (1, 4, 2, 2, 40, 128)),
+}
+
+
+@pytest.mark.parametrize("name", list(HEAD_DIM_CASES))
+def test_kernel_head_dims_64_128(name):
+    kw, shape = HEAD_DIM_CASES[name]
+    _check(kw, *shape, seed=300 + list(HEAD_DIM_CASES).index(name))
+
+
+@pytest.mark.parametrize("D, kw", [(32, dict()), (64, dict(phase="linear", sliding_window=11)), (128, dict())])
+def test_kernel_fp16_backward(D, kw):
+    """fp16 inputs: the kernel's fp16 dots (fp32 accumulation) against the reference (fp32 math on the same
+    fp16 inputs), forward and the three gradients."""
+    _check(kw, 1, 4, 2, 29, 29, D, seed=400 + D, dtype=torch.float16, atol=4e-3, gatol=1e-2)
+
+
+def _fast_math_model(q, k, v, q_pos, k_pos, alpha, block_m, block_n, margin, seed=0):
+    """float64 TAPA forward (causal, θ = 0.5) following the CUDA fast path step by step, each approximate
+    instruction perturbed by `margin` times its documented error bound (uniform random in ±bound; margin 0 =
+    exact): lg2 of d / r (absolute 2^-22 on [0.5, 2], 2 ulp of the result elsewhere) plus the exact log2 r, r the
+    power of two at or below the kernel's per-tile reference distance, ex2 (2 ulp), cos of the exactly reduced
+    phase (absolute 2^-21), and the softmax's ex2."""
+    g = torch.Generator().manual_seed(seed)
+    Lq, Lk, D = q.shape[2], k.shape[2], q.shape[3]
+    da = D // 2
+    c_a, c_p = da**-0.5, (D - da) ** -0.5
+
+    def noise(shape, bound):
+        return (torch.rand(shape, generator=g, dtype=torch.float64) * 2 - 1) * bound * margin
+
+    amp = q[..., :da] @ k[..., :da].transpose(-1, -2)
+    ph = q[..., da:] @ k[..., da:].transpose(-1, -2)
+    qp, kp = q_pos.double(), k_pos.double()
+    d = (qp[:, None, :, None] - kp[:, None, None, :]).abs()
+    qi, kj = torch.arange(Lq), torch.arange(Lk)
+    q_mid = torch.clamp((qi // block_m) * block_m + block_m // 2, max=Lq - 1)
+    k_mid = torch.clamp((kj // block_n) * block_n + block_n // 2, max=Lk - 1)
+    r = (qp[:, q_mid][:, :, None] - kp[:, k_mid][:, None, :]).abs().clamp_min(1.0)[:, None]
+    r = torch.exp2(torch.floor(torch.log2(r)))
+    lx = torch.log2((d / r).clamp_min(1e-300))
+    near_one = (d / r >= 0.5) & (d / r <= 2.0)
+    lx = lx + noise(lx.shape, 1.0) * torch.where(near_one, torch.full_like(lx, 2.0**-22), 2.0**-22 * lx.abs())
+    lr = torch.log2(r)
+    dpow = torch.exp2(alpha * (lx + lr) + math.log2(c_p)) * (1 + noise(d.shape, 2.0**-22))
+    dpow = torch.where(d > 0, dpow, torch.zeros_like(dpow))
+    t = dpow * ph
+    s = c_a * amp * (torch.cos(2 * math.pi * (t - torch.round(t))) + noise(t.shape, 2.0**-21))
+    s = s.masked_fill(kj[None, :] > qi[:, None] + Lk - Lq, float("-inf"))
+    p = torch.exp(s - s.amax(-1, keepdim=True)) * (1 + noise(s.shape, 2.0**-22))
+    return (p / p.sum(-1, keepdim=True)) @ v
+
+
+@pytest.mark.parametrize("alpha", [0.1, 0.5])
+@pytest.mark.parametrize("keys", ["contiguous", "every-128th"])
+def test_fast_math_error_stays_inside_bf16_resolution(alpha, keys):
+    """The interpreter cannot run the CUDA fast path (inline PTX), so its error is bounded by emulation: four
+    times the documented error of every approximate instruction, at distances up to 2^17 and the H100 forward
+    tiles, moves the float64 output by less than half a bf16 step (2^-9 of the output's scale)."""
+    k_pos = torch.arange(2**17 - 1024, 2**17) if keys == "contiguous" else torch.arange(0, 2**17, 128)
+    Lq, Lk = 128, k_pos.numel()
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, n, 64, generator=g, dtype=torch.float64) for n in (Lq, Lk, Lk))
+    t = tiles(Target.gpu(90), 64)["fwd"]
+    k_pos = k_pos[None]
+    q_pos = k_pos[:, -Lq:]
+    exact = _fast_math_model(q, k, v, q_pos, k_pos, alpha, t.block_m, t.block_n, margin=0.0)
+    ref = tapa_attention_reference(q, k, v, alpha=alpha, q_positions=q_pos, k_positions=k_pos)
+    torch.testing.assert_close(exact, ref, atol=1e-10, rtol=1e-10)  # the model with margin 0 is eq. (12)
+    fast = _fast_math_model(q, k, v, q_pos, k_pos, alpha, t.block_m, t.block_n, margin=4.0)
+    err = (fast - exact).abs().max().item()
+    assert 0 < err < 2.0**-9 * exact.abs().max().item(), err
+
+
+def test_split_combine_many_splits():
+    """The split-K combine reads the splits 16 at a time: 37 partials (some empty) against a direct merge."""
+    g = torch.Generator().manual_seed(9)
+    B, H, S, Lq, W = 1, 2, 37, 3, 40
+    parts = torch.randn(B, H, S, Lq, W, generator=g)
+    lse_parts = torch.randn(B, H, S, Lq, generator=g) * 3
+    lse_parts[:, :, ::5] = float("-inf")  # empty splits
+    lse_parts[0, 1, :, 2] = float("-inf")  # a row with no visible key at all
+    out = torch.empty(B, H, Lq, W)
+    lse = torch.empty(B, H, Lq)
+    launch_all([plan_split_combine(parts, lse_parts, out, lse)])
+    w = torch.softmax(lse_parts * math.log(2), dim=2).nan_to_num(0.0)
+    want = (w[..., None] * parts).sum(2)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(lse[0, 0], torch.logsumexp(lse_parts[0, 0] * math.log(2), dim=0) / math.log(2))
+    assert lse[0, 1, 2] == float("inf") and (out[0, 1, 2] == 0).all()  # +inf: no visible key (P = 0)
+
+
 def test_left_padded_batch_equals_unpadded_runs():
     lengths, Lmax = [19, 33], 33
     q, k, v = _qkv(2, 2, 1, Lmax, Lmax, 32, seed=31)
@@ -278,12 +377,14 @@ def test_window_skips_keys_left_of_every_window():
     v_bad[:, :, :bad] = float("nan")
     q_in = q.detach().clone().requires_grad_(True)
     out = tapa_attention_triton(q_in, k_bad, v_bad, sliding_window=W)
-    bm, bn = _configs(D)["fwd"][:2]
+    t = tiles(INTERPRETER, D)["fwd"]
+    bm, bn = t.block_m, t.block_n
     clean = [i for i in range(L) if _first_key_read((i // bm) * bm, 0, W, bn) >= bad]
     assert len(clean) >= 32  # the check has teeth: most rows lie in tiles that skip the poisoned block
     torch.testing.assert_close(out[:, :, clean], ref[:, :, clean].detach(), atol=3e-4, rtol=3e-4)
     dq = torch.autograd.grad(out, q_in, do)[0]
-    bm, bn = _configs(D)["dq"][:2]
+    t = tiles(INTERPRETER, D)["dq"]
+    bm, bn = t.block_m, t.block_n
     clean = [i for i in range(L) if _first_key_read((i // bm) * bm, 0, W, bn) >= bad]
     assert len(clean) >= 32
     torch.testing.assert_close(dq[:, :, clean], dq_ref[:, :, clean], atol=3e-3, rtol=3e-3)
@@ -302,7 +403,8 @@ def test_window_dkdv_skips_queries_past_the_window():
     k_in, v_in = k.detach().clone().requires_grad_(True), v.detach().clone().requires_grad_(True)
     out = tapa_attention_triton(q_bad, k_in, v_in, sliding_window=W)
     dk, dv = torch.autograd.grad(out, (k_in, v_in), do_bad)
-    bm, bn = _configs(D)["dkdv"][:2]
+    t = tiles(INTERPRETER, D)["dkdv"]
+    bm, bn = t.block_m, t.block_n
     # key block [s, s + bn) reads query rows < ceil((s + bn − 1 + W) / bm)·bm
     clean = [j for j in range(L) if -(-((j // bn) * bn + bn - 1 + W) // bm) * bm <= bad]
     assert len(clean) >= 16
@@ -315,7 +417,7 @@ def test_window_decode_reads_only_the_window():
     q, k, v = _qkv(1, 4, 2, 1, 200, 32, seed=70)
     W = 8
     ref = tapa_attention_reference(q, k, v, sliding_window=W)
-    bn = _configs(32)["decode_n"][0]
+    bn = tiles(INTERPRETER, 32)["decode"].block_n
     first = ((200 - 1 - W + 1) // bn) * bn
     assert first >= 128
     k_bad, v_bad = k.clone(), v.clone()

@@ -28,6 +28,10 @@ SHAPES = {
     "decode-1-of-50": (2, 4, 2, 1, 50, 16, 8, True, False),
     "decode-3-of-50-pad": (2, 4, 2, 3, 50, 32, 32, True, True),
     "decode-3-of-50-noncausal": (1, 3, 1, 3, 50, 16, 8, False, False),
+    # the head dims of the supported models, E as wide as the head (as the TAPE scheme stores it)
+    "d64-gqa2-37-causal-pad": (1, 4, 2, 37, 37, 64, 64, True, True),
+    "d128-21-of-37-noncausal": (1, 2, 1, 21, 37, 128, 128, False, False),
+    "d128-decode-2-of-40-pad": (1, 4, 2, 2, 40, 128, 128, True, True),
 }
 
 
@@ -171,6 +175,24 @@ def test_triton_fp16_forward():
     assert o.dtype == torch.float16 and eo.dtype == torch.float16
     torch.testing.assert_close(o, ro, **TOL[torch.float16])
     torch.testing.assert_close(eo, reo, **TOL[torch.float16])
+
+
+@pytest.mark.parametrize("D", [32, 64, 128])
+def test_triton_fp16_backward(D):
+    """fp16 inputs: forward and all four gradients against the reference on the same fp16 inputs."""
+    B, Hq, Hkv, Lq, Lk = 1, 4, 2, 29, 29
+    inputs, kpm = make_inputs(B, Hq, Hkv, Lq, Lk, D, D, left_pad=True, dtype=torch.float16, seed=D)
+    g = torch.Generator().manual_seed(D + 1)
+    go = torch.randn(B, Hq, Lq, D, generator=g).to(DEVICE, torch.float16)
+    ge = torch.randn(B, Hq, Lq, D, generator=g).to(DEVICE, torch.float16)
+    o, eo, grads = _forward_backward(tape_attention_triton, inputs, kpm, True, go, ge)
+    ro, reo, ref = _forward_backward(tape_attention_reference, inputs, kpm, True, go, ge)
+    torch.testing.assert_close(o, ro, **TOL[torch.float16])
+    torch.testing.assert_close(eo, reo, **TOL[torch.float16])
+    for label, a, b in zip("q k v e".split(), grads, ref):
+        scale = max(1.0, b.abs().max().item())
+        torch.testing.assert_close(a.float() / scale, b.float() / scale, atol=1e-2, rtol=0,
+                                   msg=lambda m: f"d{label}: {m}")
 
 
 def test_triton_non_contiguous_inputs_and_custom_scale():

@@ -2,51 +2,79 @@
 
 Score (eq. 12), with a = q_A·k_A, p = q_P·k_P (eq. 16: p = Σq_P + Σk_P), d = |m − n|:
 
-    s = c_A·a·cos(2π·t),   t = d^α·c_P·p  (in turns),   c_A = 1/√(θD),  c_P = 1/√((1−θ)D)
+    s = c_A·a·cos(2π·t),   t = c_P·d^α·p  (in turns),   c_A = 1/√(θD),  c_P = 1/√((1−θ)D)
 
-Forward: one program per (query block, query head) keeps its Q tile on chip and streams K/V with an
-online softmax in base 2 (log2(e) is folded into c_A, the base-2 log-sum-exp is saved for the
-backward). Both half-width products a and p are tl.dot's over the split head dimension. The phase
-runs in fp32: d^α = exp2(α·log2 d) (0 at d = 0), r = t − round(t), cos(2π r), so long distances stay
-accurate when q/k are bf16. Causal attention visits only key blocks left of the diagonal, in two
-stages: blocks that are entirely visible (no per-element causal/bounds mask) and the masked band.
-GQA reads kv head h // group; repeated K/V are never materialised.
+Forward: one program per (query tile, query head) keeps its Q tile on chip and streams K/V with an online
+softmax in base 2 (log2(e) is folded into c_A, the base-2 log-sum-exp is saved for the backward). Both
+half-width products a and p are tl.dot's over the split head dimension. The phase runs in fp32:
+c_P·d^α = 2^(α·log2 d + log2 c_P) (0 at d = 0, where log2 d = −inf), t is range-reduced exactly to
+r = t − rint(t) and cos(2π r) is evaluated, so long distances stay accurate when q/k are bf16. On CUDA the
+transcendental steps are single special-function instructions (see `hf_posenc.kernels._triton`); the
+interpreter runs the accurate library functions. Positions enter as fp32 offsets from the batch row's
+smallest position (distances exact while positions span less than 2^24).
 
-Sliding window W (WINDOW constexpr; query i is key index i_abs = i + Lk − Lq and sees key j only if
-i_abs − j < W): key blocks entirely left of a tile's window are skipped, and the visible range splits
-into three stages: a masked band at the window's left edge, the fully visible blocks, and the masked
-causal diagonal / ragged end. Without a window (or with W >= Lk, which removes nothing) the kernels
-compile to the plain two-stage causal form.
+Masks are runtime arguments, so one binary serves every mask combination (the constexpr variants are the
+phase mode LINEAR only): causality and the sliding window are integers; key padding and segment ids become
+int32 "tags" (query i sees key j only if their tags are equal; padded keys carry a tag no query has).
+Key blocks that every row of a tile sees in full run through an unmasked loop; the blocks at the causal
+diagonal, at the window's left edge and at the ragged end run through one masked loop, and blocks outside
+every row's window are never visited. With tags present every visible block takes the masked loop (the
+tag compare costs about as much as the causal one), so calls without padding or packing pay nothing.
 
-Decode (Lq ≤ 16): the query rows of a whole GQA group are packed into one tile (so each K/V block is
-read once per kv head) and the key axis is split across programs (split-K); a combine kernel merges
-the partial (acc, max, sum) triples and also writes the log-sum-exp.
+Decode (Lq ≤ 16) runs through the same forward kernel: the query rows of a whole GQA group are packed into one
+tile (row r is query r mod Lq of head r div Lq), so each K/V block is read once per kv head, and the key axis
+is split across programs (split-K); the shared split-combine kernel merges the normalised partials.
 
-Backward (FlashAttention-2 scheme, no atomics): Δ = rowsum(dO∘O); dK/dV per key block looping over
-query blocks and over the group's query heads; dQ per query block looping over key blocks. Scores
-are recomputed, dS = P∘(dP − Δ), and the chain rule runs through both products:
-∂s/∂a = c_A cos φ,  ∂s/∂p = −2π d^α c_A c_P a sin φ.
+Backward (FlashAttention-2 scheme, no atomics): Δ = rowsum(dO∘O); dK/dV per key block looping over the
+group's query heads and query blocks; dQ per query block looping over key blocks. Scores are recomputed with
+cos and sin from one range reduction, dS = P∘(dP − Δ), and the chain rule runs through both products:
+∂s/∂a = c_A cos φ, ∂s/∂p = −2π c_A c_P d^α a sin φ (the constants c_A and −2π·c_A are applied once to the
+accumulated gradients, not per element).
+
+All host-side choices (tiles, warps, stages, split-K, constexprs) are made by `plan_forward` /
+`plan_backward` for a `Target`; the launcher runs those plans and the compile lane compiles them.
 """
 
 from __future__ import annotations
 
 import math
-import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from .._triton import (
+    INTERPRETER,
+    LOG2E,
+    NO_WINDOW,
+    LaunchSpec,
+    Target,
+    Tile,
+    block_range,
+    cos_sin_turns,
+    cos_turns,
+    exp2,
+    interpreting,
+    jit_runtime_ints,
+    launch_all,
+    load_tile,
+    log2,
+    num_splits,
+    packed_rows,
+    plan_row_dot,
+    plan_split_combine,
+    pow2,
+    store_rows,
+    strides,
+    visible,
+)
 from .naive import TapaArgs, validate_tapa_args
 
-LOG2E = 1.4426950408889634
-TWO_PI = 6.283185307179586
 DECODE_MAX_LQ = 16
-DECODE_MAX_ROWS = 128
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+# shape, window and mask-presence arguments vary from call to call: one binary serves them all
+_jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "H", "HKV", "Lq", "Lk", "split_len", "causal", "window",
+                        "has_tags")
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -55,281 +83,175 @@ def _interpreting() -> bool:
 
 
 @triton.jit
-def _phase_turns(q_pos2, k_pos2, ph, alpha, c_p):
-    """d^α (fp32, 0 at d = 0) and the range-reduced phase r = t − round(t), t = d^α·c_P·p (eq. 12)."""
-    d = tl.abs(q_pos2 - k_pos2).to(tl.float32)
-    d_pow = tl.where(d > 0.0, tl.exp2(alpha * tl.log2(tl.maximum(d, 1.0))), 0.0)
-    t = d_pow * c_p * ph
-    r = t - tl.floor(t + 0.5)
-    return d_pow, r
+def _dpow(q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST: tl.constexpr):
+    """c_P·d^α with d = |q_pos − k_pos| (fp32 positions, 2-D broadcast); 0 at d = 0. Fast path:
+    log2 d = e + lg2(d·2^-e), 2^e the largest power of two <= the tile's reference distance d_ref (exact
+    integer and exact scaling), so the approximate lg2 sees arguments near 1 where distances, and phases, are
+    large (its error there is absolute, 2^-22, instead of 2 ulp of log2 d)."""
+    d = tl.abs(q_pos2 - k_pos2)
+    if FAST:
+        e = (tl.maximum(d_ref, 1.0).to(tl.int32, bitcast=True) >> 23) - 127
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+        base = alpha * e.to(tl.float32) + log2_cp
+        return exp2(alpha * log2(d * inv, FAST) + base, FAST)  # log2(0) = -inf -> 2^-inf = 0
+    else:
+        return tl.where(d > 0.0, tl.exp2(alpha * tl.log2(tl.maximum(d, 1.0)) + log2_cp), 0.0)
 
 
 @triton.jit
-def _apply_mask(s, q_idx2, k_idx2, q_ok2, k_ok2, off, window, q_seg2, k_seg2, k_pad2,
-                MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-                HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr):
-    """Set invisible scores to -inf. Arguments are 2-D broadcastable (either orientation).
-    Causal and sliding-window masks apply only in MASKED stages: the unmasked stage holds blocks that
-    are inside every row's causal range and window."""
-    if MASKED:
-        vis = q_ok2 & k_ok2
-        if CAUSAL:
-            vis = vis & (k_idx2 <= q_idx2 + off)
-        if WINDOW:
-            vis = vis & (q_idx2 + off - k_idx2 < window)
-        s = tl.where(vis, s, float("-inf"))
-    if HAS_KPM:
-        s = tl.where(k_pad2, s, float("-inf"))
-    if HAS_SEG:
-        s = tl.where(q_seg2 == k_seg2, s, float("-inf"))
-    return s
-
-
-@triton.jit
-def _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, q_rows,
-               k_base, v_base, stride_kn, stride_vn, kpos_base, kpm_base, kseg_base,
-               lo, hi, Lk, off, window, alpha, c_a2, c_p,
+def _row_block(start, base, off_a, off_p, off_v, stride_a, stride_v, POS, L,
                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
-               DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-               MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-               HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
+               DV: tl.constexpr, BDV: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+    """Rows [start, start + BLOCK) of a q|k-like tensor (split into its θD amplitude and (1−θ)D phase
+    columns) and of the matching v|dO-like tensor, plus their positions. The 64-bit part of every address is
+    the scalar row offset; `off_*` are the tile's int32 offsets. Row masks only in MASKED blocks."""
+    idx = start + tl.arange(0, BLOCK)
+    ok = idx < L
+    r64 = tl.cast(start, tl.int64)
+    xb = base[0] + r64 * stride_a
+    x_a = load_tile(xb + off_a, ok, tl.arange(0, BDA) < DA, MASKED, BDA != DA)
+    x_p = load_tile(xb + DA + off_p, ok, tl.arange(0, BDP) < DP, MASKED, BDP != DP)
+    y = load_tile(base[1] + r64 * stride_v + off_v, ok, tl.arange(0, BDV) < DV, MASKED, BDV != DV)
+    if MASKED:
+        pos = tl.load(POS + idx, mask=ok, other=0.0)
+    else:
+        pos = tl.load(POS + idx)
+    return idx, ok, x_a, x_p, y, pos
+
+
+@triton.jit
+def _products(x_a, x_p, x_sum, y_a, y_p, LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
+    """(a, p) of rows x against rows y, [rows(x), rows(y)]: a = x_A·y_Aᵀ and p = x_P·y_Pᵀ (eq. 12) or
+    Σx_P + Σy_P (eq. 16)."""
+    amp = tl.dot(x_a, tl.trans(y_a), input_precision=IN_PREC)
+    if LINEAR:
+        ph = x_sum[:, None] + tl.sum(y_p.to(tl.float32), 1)[None, :]
+    else:
+        ph = tl.dot(x_p, tl.trans(y_p), input_precision=IN_PREC)
+    return amp, ph
+
+
+@triton.jit
+def _key_block(qa, qp, q_sum, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
+               DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
+               DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
-    """Stream key blocks [lo, hi) through the online softmax (base 2). q_rows: query index per row."""
-    offs_da = tl.arange(0, BDA)
-    offs_dp = tl.arange(0, BDP)
-    offs_dv = tl.arange(0, BDV)
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < Lk
-        if MASKED:
-            ld_n = n_ok
-        else:
-            ld_n = offs_n >= 0
-        ka_t = tl.load(k_base + offs_n[None, :] * stride_kn + offs_da[:, None],
-                       mask=ld_n[None, :] & (offs_da[:, None] < DA), other=0.0)
-        kp = tl.load(k_base + offs_n[:, None] * stride_kn + DA + offs_dp[None, :],
-                     mask=ld_n[:, None] & (offs_dp[None, :] < DP), other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :],
-                    mask=ld_n[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        k_pos = tl.load(kpos_base + offs_n, mask=ld_n, other=0)
-        amp = tl.dot(qa, ka_t, input_precision=IN_PREC)
-        if LINEAR:
-            k_sum = tl.sum(kp.to(tl.float32), 1)
-            ph = q_sum[:, None] + k_sum[None, :]
-        else:
-            ph = tl.dot(qp, tl.trans(kp), input_precision=IN_PREC)
-        d_pow, r = _phase_turns(q_pos[:, None], k_pos[None, :], ph, alpha, c_p)
-        s = c_a2 * amp * tl.cos(TWO_PI * r)
-        if HAS_KPM:
-            k_pad = tl.load(kpm_base + offs_n, mask=ld_n, other=0) != 0
-        else:
-            k_pad = n_ok
-        if HAS_SEG:
-            k_seg = tl.load(kseg_base + offs_n, mask=ld_n, other=-1)
-        else:
-            k_seg = offs_n
-        s = _apply_mask(s, q_rows[:, None], offs_n[None, :], q_rows[:, None] >= 0, n_ok[None, :], off, window,
-                        q_seg[:, None], k_seg[None, :], k_pad[None, :], MASKED, CAUSAL, WINDOW, HAS_KPM, HAS_SEG)
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_use[:, None])
-        corr = tl.exp2(m_i - m_use)
-        l_i = l_i * corr + tl.sum(p, 1)
-        acc = acc * corr[:, None] + tl.dot(p.to(v.dtype), v, input_precision=IN_PREC)
-        m_i = m_new
-    return acc, l_i, m_i
+    """Key block [start_n, start_n + BLOCK_N) of a query tile: its K/V rows and positions, the products a and p
+    ([M, N]) and the tile's reference distance (query tile middle to key block middle)."""
+    offs_n, n_ok, ka, kp, v, k_pos = _row_block(start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn,
+                                                KPOS, Lk, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED)
+    amp, ph = _products(qa, qp, q_sum, ka, kp, LINEAR, IN_PREC)
+    d_ref = tl.abs(q_ref - tl.load(KPOS + tl.minimum(start_n + BLOCK_N // 2, Lk - 1)))
+    return offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref
+
+
+@triton.jit
+def _masked(s, q_idx2, k_idx2, k_ok2, q_tag2, k_tag2, rb, lb):
+    """−inf where a key is invisible: causal / window / bounds, and different tags (padding, segments)."""
+    return tl.where(visible(q_idx2, k_idx2, k_ok2, rb, lb) & (q_tag2 == k_tag2), s, float("-inf"))
+
+
+@triton.jit
+def _bwd_scores(amp, ph, q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST: tl.constexpr):
+    """(a·cos φ, cos φ, c_P·d^α·a·sin φ) of one tile: the score in units of c_A and the two chain-rule
+    factors (without their constants c_A and −2π·c_A), from one range reduction."""
+    dpow = _dpow(q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST)
+    cos_phi, sin_phi = cos_sin_turns(dpow * ph, FAST)
+    return amp * cos_phi, cos_phi, dpow * amp * sin_phi
 
 
 # ----------------------------------------------------------------------------------------------------
-# Forward (prefill / chunked prefill)
+# Forward (prefill, chunked prefill and split-K decode)
 # ----------------------------------------------------------------------------------------------------
 
 
 @triton.jit
-def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, KPM, QSEG, KSEG,
+def _fwd_block(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a, k_off_p, v_off,
+               stride_kn, stride_vn, KPOS, KTAG, Lk, rb, lb, has_tags, alpha, log2_cp, c_a2,
+               DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
+               DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+               LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+    """One key block [start_n, start_n + BLOCK_N) through the online softmax (scores in units of c_A)."""
+    offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref = _key_block(
+        qa, qp, q_sum, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
+        DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED, LINEAR, IN_PREC)
+    s = amp * cos_turns(_dpow(q_pos[:, None], k_pos[None, :], d_ref, alpha, log2_cp, FAST) * ph, FAST)
+    if MASKED:
+        k_tag = tl.load(KTAG + offs_n, mask=offs_n < Lk * has_tags, other=0)
+        s = _masked(s, qi[:, None], offs_n[None, :], n_ok[None, :], q_tag[:, None], k_tag[None, :], rb, lb)
+    m_new = tl.maximum(m_i, tl.max(s, 1) * c_a2)
+    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
+    p = exp2(s * c_a2 - m_use[:, None], FAST)
+    corr = exp2(m_i - m_use, FAST)
+    l_i = l_i * corr + tl.sum(p, 1)
+    acc = acc * corr[:, None] + tl.dot(p.to(v.dtype), v, input_precision=IN_PREC)
+    return acc, l_i, m_new
+
+
+@_jit
+def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_om,
-                     H, GROUP, Lq, Lk, alpha, c_a2, c_p, window,
+                     stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_os, stride_om,
+                     stride_lb, stride_lh, stride_ls,
+                     H_PROG, GP, GROUP, R, Lq, Lk, split_len, causal, window, has_tags, alpha, log2_cp, c_a2, lse_empty,
                      DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                      DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
-                     LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
+                     LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+    """Program (row tile, (batch, head program), key split). A head program owns GP query heads whose R = GP·Lq
+    rows are packed (row r: head hp·GP + r div Lq, query r mod Lq); GP = 1 for prefill. Writes O (normalised, in
+    O's dtype) and the base-2 LSE of its split; rows without a visible key get O = 0 and LSE = lse_empty (−inf
+    for split partials, which the combine weighs by 2^LSE; +inf in the final LSE, so the backward's P = 0)."""
     pid_m = tl.program_id(0)
-    pid_bh = tl.program_id(1)
-    b = pid_bh // H
-    h = pid_bh % H
-    kvh = h // GROUP
-    start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
+    pid_s = tl.program_id(2)
+    b64, kvh64, row_ok, head64, qi, qi_lo, qi_hi = packed_rows(pid_m, tl.program_id(1), H_PROG, GP, GROUP, R, Lq,
+                                                               BLOCK_M)
+    qi64 = qi.to(tl.int64)
     offs_da = tl.arange(0, BDA)
     offs_dp = tl.arange(0, BDP)
     offs_dv = tl.arange(0, BDV)
-    m_ok = offs_m < Lq
-    q_base = Q + b * stride_qb + h * stride_qh
-    qa = tl.load(q_base + offs_m[:, None] * stride_qm + offs_da[None, :],
-                 mask=m_ok[:, None] & (offs_da[None, :] < DA), other=0.0)
-    qp = tl.load(q_base + offs_m[:, None] * stride_qm + DA + offs_dp[None, :],
-                 mask=m_ok[:, None] & (offs_dp[None, :] < DP), other=0.0)
+    q_row = Q + b64 * stride_qb + head64 * stride_qh + qi64 * stride_qm
+    qa = load_tile(q_row[:, None] + offs_da[None, :], row_ok, offs_da < DA, True, BDA != DA)
+    qp = load_tile(q_row[:, None] + DA + offs_dp[None, :], row_ok, offs_dp < DP, True, BDP != DP)
     q_sum = tl.sum(qp.to(tl.float32), 1)
-    q_pos = tl.load(QPOS + b * Lq + offs_m, mask=m_ok, other=0)
-    if HAS_SEG:
-        q_seg = tl.load(QSEG + b * Lq + offs_m, mask=m_ok, other=-2)
-    else:
-        q_seg = offs_m
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
+    q_pos = tl.load(QPOS + b64 * Lq + qi)
+    q_ref = tl.load(QPOS + b64 * Lq + tl.minimum(pid_m * BLOCK_M + BLOCK_M // 2, R - 1) % Lq)
+    q_tag = tl.load(QTAG + b64 * Lq + qi, mask=qi < Lq * has_tags, other=0)  # has_tags is 0 or 1
+    offs_n = tl.arange(0, BLOCK_N)
+    kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh)
+    k_off_a = offs_n[:, None] * stride_kn + offs_da[None, :]
+    k_off_p = offs_n[:, None] * stride_kn + offs_dp[None, :]
+    v_off = offs_n[:, None] * stride_vn + offs_dv[None, :]
+    kpos_b = KPOS + b64 * Lk
+    ktag_b = KTAG + b64 * Lk
+
+    off = Lk - Lq
+    rb = tl.where(causal != 0, off, Lk)  # key j visible to query i iff j − i <= rb ...
+    lb = off - window  # ... and j − i > off − window
+    lo_s = pid_s * split_len
+    lo, u_lo, u_hi, n_left, n_masked = block_range(lo_s, tl.minimum(lo_s + split_len, Lk), qi_lo, qi_hi, off, rb,
+                                                   window, has_tags, BLOCK_N)
 
     acc = tl.zeros([BLOCK_M, BDV], dtype=tl.float32)
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    off = Lk - Lq
-    if CAUSAL:
-        hi = tl.minimum(Lk, start_m + BLOCK_M + off)
-        full_hi = tl.minimum(Lk, start_m + off + 1)
-    else:
-        hi = Lk
-        full_hi = Lk
-    n_full = (full_hi // BLOCK_N) * BLOCK_N
-    if WINDOW:
-        # the tile's first row sees keys j >= start_m + off − W + 1 (earlier blocks are skipped); every
-        # row sees keys j >= start_m + BLOCK_M + off − W; the band in between is masked (stage 0)
-        lo = (tl.maximum(start_m + off - window + 1, 0) // BLOCK_N) * BLOCK_N
-        win_full = tl.cdiv(tl.maximum(start_m + BLOCK_M + off - window, 0), BLOCK_N) * BLOCK_N
-        full_lo = tl.minimum(tl.maximum(win_full, lo), n_full)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, offs_m,
-                                   k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                                   lo, full_lo, Lk, off, window, alpha, c_a2, c_p,
-                                   DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                                   True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    else:
-        full_lo = 0
-    # stage 1: key blocks visible to every row of this tile (no causal / window / bounds mask)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, offs_m,
-                               k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               full_lo, n_full, Lk, off, window, alpha, c_a2, c_p,
-                               DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    # stage 2: the diagonal band and the ragged end of the key sequence
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, offs_m,
-                               k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               n_full, hi, Lk, off, window, alpha, c_a2, c_p,
-                               DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    empty = l_i == 0.0
-    out = acc / tl.where(empty, 1.0, l_i)[:, None]
-    lse = tl.where(empty, float("inf"), m_i + tl.log2(tl.where(empty, 1.0, l_i)))
-    tl.store(LSE + pid_bh * Lq + offs_m, lse, mask=m_ok)
-    o_base = O + b * stride_ob + h * stride_oh
-    tl.store(o_base + offs_m[:, None] * stride_om + offs_dv[None, :], out.to(O.dtype.element_ty),
-             mask=m_ok[:, None] & (offs_dv[None, :] < DV))
+    for start_n in range(u_lo, u_hi, BLOCK_N):
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
+                                   k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
+                                   alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+                                   False, LINEAR, IN_PREC, FAST)
+    for it in range(0, n_masked):
+        start_n = tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N)
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
+                                   k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
+                                   alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+                                   True, LINEAR, IN_PREC, FAST)
 
-
-# ----------------------------------------------------------------------------------------------------
-# Decode (Lq ≤ 16): GQA-packed rows, split-K over the key axis, then a combine kernel
-# ----------------------------------------------------------------------------------------------------
-
-
-@triton.jit
-def _tapa_decode_kernel(Q, K, V, ACC, ML, QPOS, KPOS, KPM, QSEG, KSEG,
-                        stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
-                        stride_vb, stride_vh, stride_vn,
-                        H, HKV, GROUP, Lq, Lk, SPLIT_LEN, NUM_SPLITS, KV_LO, alpha, c_a2, c_p, window,
-                        DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
-                        DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
-                        LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
-    split = tl.program_id(0)
-    pid_bkv = tl.program_id(1)
-    b = pid_bkv // HKV
-    kvh = pid_bkv % HKV
-    rows = tl.arange(0, BLOCK_M)
-    r_ok = rows < GROUP * Lq
-    g = rows // Lq
-    qi = rows % Lq
-    h = kvh * GROUP + g
-    offs_da = tl.arange(0, BDA)
-    offs_dp = tl.arange(0, BDP)
-    offs_dv = tl.arange(0, BDV)
-    q_row = Q + b * stride_qb + h * stride_qh + qi * stride_qm
-    qa = tl.load(q_row[:, None] + offs_da[None, :], mask=r_ok[:, None] & (offs_da[None, :] < DA), other=0.0)
-    qp = tl.load(q_row[:, None] + DA + offs_dp[None, :], mask=r_ok[:, None] & (offs_dp[None, :] < DP), other=0.0)
-    q_sum = tl.sum(qp.to(tl.float32), 1)
-    q_pos = tl.load(QPOS + b * Lq + qi, mask=r_ok, other=0)
-    if HAS_SEG:
-        q_seg = tl.load(QSEG + b * Lq + qi, mask=r_ok, other=-2)
-    else:
-        q_seg = qi
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
-    acc = tl.zeros([BLOCK_M, BDV], dtype=tl.float32)
-    l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
-    m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
-    off = Lk - Lq
-    if WINDOW:
-        lo = KV_LO + split * SPLIT_LEN  # the splits cover only [KV_LO, Lk): keys left of it are out of every window
-    else:
-        lo = split * SPLIT_LEN
-    hi = tl.minimum(lo + SPLIT_LEN, Lk)
-    if CAUSAL:
-        full_hi = off + 1  # keys 0..Lk-Lq are visible to every query row
-    else:
-        full_hi = Lk
-    mid = tl.maximum(lo, tl.minimum(hi, (full_hi // BLOCK_N) * BLOCK_N))
-    if WINDOW:
-        # every row (the last one is key Lk − 1) sees keys j >= Lk − W; the band before is masked
-        win_full = tl.cdiv(tl.maximum(Lk - window, 0), BLOCK_N) * BLOCK_N
-        full_lo = tl.minimum(tl.maximum(win_full, lo), mid)
-        acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, qi,
-                                   k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                                   lo, full_lo, Lk, off, window, alpha, c_a2, c_p,
-                                   DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                                   True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    else:
-        full_lo = lo
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, qi,
-                               k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               full_lo, mid, Lk, off, window, alpha, c_a2, c_p,
-                               DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    acc, l_i, m_i = _fwd_inner(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_seg, qi,
-                               k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-                               mid, hi, Lk, off, window, alpha, c_a2, c_p,
-                               DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                               True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    # partials laid out [B, H, Lq, NUM_SPLITS, (BDV | 2)]
-    row_id = ((b * H + h) * Lq + qi) * NUM_SPLITS + split
-    tl.store(ACC + row_id[:, None] * BDV + offs_dv[None, :], acc, mask=r_ok[:, None])
-    tl.store(ML + row_id * 2, m_i, mask=r_ok)
-    tl.store(ML + row_id * 2 + 1, l_i, mask=r_ok)
-
-
-@triton.jit
-def _tapa_decode_combine_kernel(ACC, ML, O, LSE, H, Lq, NUM_SPLITS,
-                                stride_ob, stride_oh, stride_om,
-                                DV: tl.constexpr, BDV: tl.constexpr, BLOCK_S: tl.constexpr):
-    pid = tl.program_id(0)  # flattened (b, h, i)
-    i = pid % Lq
-    bh = pid // Lq
-    b = bh // H
-    h = bh % H
-    offs_s = tl.arange(0, BLOCK_S)
-    offs_dv = tl.arange(0, BDV)
-    s_ok = offs_s < NUM_SPLITS
-    base = pid * NUM_SPLITS + offs_s
-    m_s = tl.load(ML + base * 2, mask=s_ok, other=float("-inf"))
-    l_s = tl.load(ML + base * 2 + 1, mask=s_ok, other=0.0)
-    acc = tl.load(ACC + base[:, None] * BDV + offs_dv[None, :], mask=s_ok[:, None], other=0.0)
-    m = tl.max(m_s, 0)
-    m_use = tl.where(m == float("-inf"), 0.0, m)
-    w = tl.exp2(m_s - m_use)
-    l_tot = tl.sum(l_s * w, 0)
-    out = tl.sum(acc * w[:, None], 0)
-    empty = l_tot == 0.0
-    out = out / tl.where(empty, 1.0, l_tot)
-    lse = tl.where(empty, float("inf"), m_use + tl.log2(tl.where(empty, 1.0, l_tot)))
-    tl.store(LSE + pid, lse)
-    tl.store(O + b * stride_ob + h * stride_oh + i * stride_om + offs_dv, out.to(O.dtype.element_ty),
-             mask=offs_dv < DV)
+    has = l_i > 0.0
+    out = acc / tl.where(has, l_i, 1.0)[:, None]
+    lse = tl.where(has, m_i + tl.log2(tl.where(has, l_i, 1.0)), lse_empty)
+    tl.store(LSE + b64 * stride_lb + head64 * stride_lh + pid_s * stride_ls + qi64, lse, mask=row_ok)
+    o_row = O + b64 * stride_ob + head64 * stride_oh + pid_s * stride_os + qi64 * stride_om
+    store_rows(o_row[:, None] + offs_dv[None, :], out.to(O.dtype.element_ty), row_ok, offs_dv < DV, BDV != DV)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -338,490 +260,410 @@ def _tapa_decode_combine_kernel(ACC, ML, O, LSE, H, Lq, NUM_SPLITS,
 
 
 @triton.jit
-def _tapa_bwd_preprocess(O, DO, DELTA, n_rows, D: tl.constexpr, BD: tl.constexpr, BLOCK: tl.constexpr):
-    """Δ_i = rowsum(dO ∘ O) over contiguous [n_rows, D] views."""
-    rows = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    cols = tl.arange(0, BD)
-    mask = (rows[:, None] < n_rows) & (cols[None, :] < D)
-    o = tl.load(O + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    do = tl.load(DO + rows[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    tl.store(DELTA + rows, tl.sum(o * do, 1), mask=rows < n_rows)
-
-
-@triton.jit
-def _bwd_dkdv_inner(dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
-                    q_base, do_base, stride_qm, stride_dom, lse_base, delta_base, qpos_base, qseg_base,
-                    lo, hi, Lq, off, window, alpha, c_a, c_p,
-                    DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
-                    DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr,
-                    MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-                    HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
-                    LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
-    """Accumulate dK/dV of one key block over query blocks [lo, hi) of one query head ([N, M] tiles)."""
-    offs_da = tl.arange(0, BDA)
-    offs_dp = tl.arange(0, BDP)
-    offs_dv = tl.arange(0, BDV)
-    c_a2 = c_a * 1.4426950408889634
-    for start_m in range(lo, hi, BLOCK_M):
-        offs_m = start_m + tl.arange(0, BLOCK_M)
-        if MASKED:
-            m_ok = offs_m < Lq
-        else:
-            m_ok = offs_m >= 0
-        qa = tl.load(q_base + offs_m[:, None] * stride_qm + offs_da[None, :],
-                     mask=m_ok[:, None] & (offs_da[None, :] < DA), other=0.0)
-        qp = tl.load(q_base + offs_m[:, None] * stride_qm + DA + offs_dp[None, :],
-                     mask=m_ok[:, None] & (offs_dp[None, :] < DP), other=0.0)
-        do = tl.load(do_base + offs_m[:, None] * stride_dom + offs_dv[None, :],
-                     mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        lse = tl.load(lse_base + offs_m, mask=m_ok, other=0.0)
-        delta = tl.load(delta_base + offs_m, mask=m_ok, other=0.0)
-        q_pos = tl.load(qpos_base + offs_m, mask=m_ok, other=0)
-        if HAS_SEG:
-            q_seg = tl.load(qseg_base + offs_m, mask=m_ok, other=-2)
-        else:
-            q_seg = offs_m
-        amp = tl.dot(ka, tl.trans(qa), input_precision=IN_PREC)  # [N, M]
-        if LINEAR:
-            q_sum = tl.sum(qp.to(tl.float32), 1)
-            ph = k_sum[:, None] + q_sum[None, :]
-        else:
-            ph = tl.dot(kp, tl.trans(qp), input_precision=IN_PREC)
-        d_pow, r = _phase_turns(q_pos[None, :], k_pos[:, None], ph, alpha, c_p)
-        cos_phi = tl.cos(TWO_PI * r)
-        s = c_a2 * amp * cos_phi
-        s = _apply_mask(s, offs_m[None, :], offs_n[:, None], m_ok[None, :], n_ok[:, None], off, window,
-                        q_seg[None, :], k_seg[:, None], k_pad[:, None], MASKED, CAUSAL, WINDOW, HAS_KPM, HAS_SEG)
-        p = tl.exp2(s - lse[None, :])
-        dv += tl.dot(p.to(do.dtype), do, input_precision=IN_PREC)
-        dp = tl.dot(v, tl.trans(do), input_precision=IN_PREC)
-        ds = p * (dp - delta[None, :])
-        g_a = ds * (c_a * cos_phi)
-        g_p = ds * ((-TWO_PI * c_a * c_p) * d_pow * amp * tl.sin(TWO_PI * r))
-        dk_a += tl.dot(g_a.to(qa.dtype), qa, input_precision=IN_PREC)
-        if LINEAR:
-            dk_psum += tl.sum(g_p, 1)
-        else:
-            dk_p += tl.dot(g_p.to(qp.dtype), qp, input_precision=IN_PREC)
+def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_ref, k_tag, offs_n, n_ok, start_m,
+                qdo_base, q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE, DELTA, QPOS, QTAG,
+                Lq, rb, lb, has_tags, alpha, log2_cp, c_a2,
+                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
+                DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
+                LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+    """dK/dV contributions of query block [start_m, start_m + BLOCK_M) to one key block ([N, M] tiles)."""
+    offs_m, m_ok, qa, qp, do, q_pos = _row_block(start_m, qdo_base, q_off_a, q_off_p, do_off, stride_qm,
+                                                 stride_dom, QPOS, Lq, DA, BDA, DP, BDP, DV, BDV, BLOCK_M, MASKED)
+    if MASKED:
+        lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))  # +inf: P = 0
+        delta = tl.load(DELTA + offs_m, mask=m_ok, other=0.0)
+    else:
+        lse = tl.load(LSE + offs_m)
+        delta = tl.load(DELTA + offs_m)
+    amp, ph = _products(ka, kp, k_sum, qa, qp, LINEAR, IN_PREC)  # [N, M]
+    d_ref = tl.abs(k_ref - tl.load(QPOS + tl.minimum(start_m + BLOCK_M // 2, Lq - 1)))
+    s, g_a, g_p = _bwd_scores(amp, ph, q_pos[None, :], k_pos[:, None], d_ref, alpha, log2_cp, FAST)
+    if MASKED:
+        q_tag = tl.load(QTAG + offs_m, mask=offs_m < Lq * has_tags, other=0)
+        s = _masked(s, offs_m[None, :], offs_n[:, None], n_ok[:, None], q_tag[None, :], k_tag[:, None], rb, lb)
+    p = exp2(s * c_a2 - lse[None, :], FAST)
+    dv += tl.dot(p.to(do.dtype), do, input_precision=IN_PREC)
+    dp = tl.dot(v, tl.trans(do), input_precision=IN_PREC)
+    ds = p * (dp - delta[None, :])
+    dk_a += tl.dot((ds * g_a).to(qa.dtype), qa, input_precision=IN_PREC)
+    if LINEAR:
+        dk_psum += tl.sum(ds * g_p, 1)
+    else:
+        dk_p += tl.dot((ds * g_p).to(qp.dtype), qp, input_precision=IN_PREC)
     return dk_a, dk_p, dk_psum, dv
 
 
 @triton.jit
-def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, KPM, QSEG, KSEG,
+def _next_pair(h, j, n):
+    """Advance a (head, block) pair counter over n blocks per head."""
+    j += 1
+    return tl.where(j == n, h + 1, h), tl.where(j == n, 0, j)
+
+
+@_jit
+def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, QTAG, KTAG,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
-                          H, HKV, GROUP, Lq, Lk, alpha, c_a, c_p, window,
+                          H, HKV, GROUP, Lq, Lk, causal, window, has_tags, alpha, log2_cp, c_a, c_a2,
                           DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                           DV_: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
-                          LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
+                          LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+    """dK, dV of one key block of one kv head, summed over the group's query heads and query blocks."""
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)
-    b = pid_bkv // HKV
-    kvh = pid_bkv % HKV
+    b64 = (pid_bkv // HKV).to(tl.int64)
+    kvh64 = (pid_bkv % HKV).to(tl.int64)
     start_n = pid_n * BLOCK_N
-    offs_n = start_n + tl.arange(0, BLOCK_N)
-    n_ok = offs_n < Lk
     offs_da = tl.arange(0, BDA)
     offs_dp = tl.arange(0, BDP)
     offs_dv = tl.arange(0, BDV)
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
-    ka = tl.load(k_base + offs_n[:, None] * stride_kn + offs_da[None, :],
-                 mask=n_ok[:, None] & (offs_da[None, :] < DA), other=0.0)
-    kp = tl.load(k_base + offs_n[:, None] * stride_kn + DA + offs_dp[None, :],
-                 mask=n_ok[:, None] & (offs_dp[None, :] < DP), other=0.0)
-    v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :],
-                mask=n_ok[:, None] & (offs_dv[None, :] < DV_), other=0.0)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_n, n_ok, ka, kp, v, k_pos = _row_block(
+        start_n, (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh),
+        offs_n[:, None] * stride_kn + offs_da[None, :], offs_n[:, None] * stride_kn + offs_dp[None, :],
+        offs_n[:, None] * stride_vn + offs_dv[None, :], stride_kn, stride_vn, KPOS + b64 * Lk, Lk,
+        DA, BDA, DP, BDP, DV_, BDV, BLOCK_N, True)
     k_sum = tl.sum(kp.to(tl.float32), 1)
-    k_pos = tl.load(KPOS + b * Lk + offs_n, mask=n_ok, other=0)
-    if HAS_KPM:
-        k_pad = tl.load(KPM + b * Lk + offs_n, mask=n_ok, other=0) != 0
-    else:
-        k_pad = n_ok
-    if HAS_SEG:
-        k_seg = tl.load(KSEG + b * Lk + offs_n, mask=n_ok, other=-1)
-    else:
-        k_seg = offs_n
+    k_ref = tl.load(KPOS + b64 * Lk + tl.minimum(start_n + BLOCK_N // 2, Lk - 1))
+    k_tag = tl.load(KTAG + b64 * Lk + offs_n, mask=offs_n < Lk * has_tags, other=0)
     dk_a = tl.zeros([BLOCK_N, BDA], dtype=tl.float32)
     dk_p = tl.zeros([BLOCK_N, BDP], dtype=tl.float32)
     dk_psum = tl.zeros([BLOCK_N], dtype=tl.float32)
     dv = tl.zeros([BLOCK_N, BDV], dtype=tl.float32)
 
     off = Lk - Lq
-    lq_end = tl.cdiv(Lq, BLOCK_M) * BLOCK_M
-    if CAUSAL:
-        m_lo = (tl.maximum(start_n - off, 0) // BLOCK_M) * BLOCK_M
-        full_lo = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off, 0), BLOCK_M) * BLOCK_M
-    else:
-        m_lo = start_n * 0
-        full_lo = start_n * 0
-    full_lo = tl.maximum(full_lo, m_lo)
-    full_lo = tl.where(start_n + BLOCK_N > Lk, lq_end, full_lo)  # ragged key block: mask every query block
-    full_lo = tl.minimum(full_lo, lq_end)
-    if WINDOW:
-        # query i sees key j only if i < j − off + W: rows past the block's last key's window are
-        # skipped (m_hi), and only rows i < start_n − off + W see every key of the block (unmasked)
-        m_hi = tl.minimum(lq_end, tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - off + window, 0), BLOCK_M) * BLOCK_M)
-        win_full = (tl.maximum(start_n - off + window, 0) // BLOCK_M) * BLOCK_M
-        m_lo = tl.minimum(m_lo, m_hi)
-        full_lo = tl.minimum(full_lo, m_hi)
-        full_hi = tl.minimum(tl.maximum(full_lo, tl.minimum((Lq // BLOCK_M) * BLOCK_M, win_full)), m_hi)
-    else:
-        m_hi = lq_end
-        full_hi = tl.maximum(full_lo, (Lq // BLOCK_M) * BLOCK_M)
+    rb = tl.where(causal != 0, off, Lk)
+    lb = off - window
+    # query i sees key j iff lb < j − i <= rb: rows i >= j − rb and i < j − lb; all of the block for
+    # i >= start_n + BLOCK_N − 1 − rb (causal) and i + BLOCK_M <= start_n − lb (window), keys in range,
+    # no tags (with tags every block takes the masked path)
+    m_lo = (tl.maximum(start_n - rb, 0) // BLOCK_M) * BLOCK_M
+    m_hi = tl.minimum(Lq, start_n + BLOCK_N - 1 - lb)
+    m_hi_al = tl.cdiv(tl.maximum(m_hi, 0), BLOCK_M) * BLOCK_M
+    u_lo = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - rb, 0), BLOCK_M) * BLOCK_M
+    u_lo = tl.minimum(tl.maximum(u_lo, m_lo), m_hi_al)
+    u_hi = (tl.maximum(tl.minimum(Lq, start_n - lb), 0) // BLOCK_M) * BLOCK_M
+    u_hi = tl.where((start_n + BLOCK_N <= Lk) & (has_tags == 0), u_hi, 0)
+    u_hi = tl.maximum(tl.minimum(u_hi, m_hi_al), u_lo)
+    n_left = tl.maximum(u_lo - m_lo, 0) // BLOCK_M
+    n_masked = n_left + tl.cdiv(tl.maximum(m_hi - u_hi, 0), BLOCK_M)
+    n_full = tl.maximum(u_hi - u_lo, 0) // BLOCK_M
 
-    for g in range(0, GROUP):
-        h = kvh * GROUP + g
-        bh = b * H + h
-        q_base = Q + b * stride_qb + h * stride_qh
-        do_base = DO + b * stride_dob + h * stride_doh
-        # masked diagonal band, fully visible blocks, masked ragged tail / window edge
-        dk_a, dk_p, dk_psum, dv = _bwd_dkdv_inner(
-            dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
-            q_base, do_base, stride_qm, stride_dom, LSE + bh * Lq, DELTA + bh * Lq, QPOS + b * Lq, QSEG + b * Lq,
-            m_lo, full_lo, Lq, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
-            True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-        dk_a, dk_p, dk_psum, dv = _bwd_dkdv_inner(
-            dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
-            q_base, do_base, stride_qm, stride_dom, LSE + bh * Lq, DELTA + bh * Lq, QPOS + b * Lq, QSEG + b * Lq,
-            full_lo, full_hi, Lq, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
-            False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-        dk_a, dk_p, dk_psum, dv = _bwd_dkdv_inner(
-            dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_seg, k_pad, offs_n, n_ok,
-            q_base, do_base, stride_qm, stride_dom, LSE + bh * Lq, DELTA + bh * Lq, QPOS + b * Lq, QSEG + b * Lq,
-            full_hi, m_hi, Lq, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M,
-            True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+    offs_m = tl.arange(0, BLOCK_M)
+    q_off_a = offs_m[:, None] * stride_qm + offs_da[None, :]
+    q_off_p = offs_m[:, None] * stride_qm + offs_dp[None, :]
+    do_off = offs_m[:, None] * stride_dom + offs_dv[None, :]
+    # (query head of the group, query block) pairs in flat loops (nested loops cost registers): first the
+    # blocks every query row of which sees the whole key block, then the masked ones (diagonal band, window
+    # edge, ragged ends). h64 / j count the pairs.
+    h64 = kvh64 * GROUP
+    j = start_n * 0
+    for _ in range(0, GROUP * n_full):
+        row0 = (b64 * H + h64) * Lq
+        dk_a, dk_p, dk_psum, dv = _dkdv_block(
+            dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_ref, k_tag, offs_n, n_ok, u_lo + j * BLOCK_M,
+            (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh),
+            q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE + row0, DELTA + row0,
+            QPOS + b64 * Lq, QTAG + b64 * Lq, Lq, rb, lb, has_tags, alpha, log2_cp, c_a2,
+            DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, False, LINEAR, IN_PREC, FAST)
+        h64, j = _next_pair(h64, j, n_full)
+    h64 = kvh64 * GROUP
+    j = start_n * 0
+    for _ in range(0, GROUP * n_masked):
+        row0 = (b64 * H + h64) * Lq
+        dk_a, dk_p, dk_psum, dv = _dkdv_block(
+            dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_ref, k_tag, offs_n, n_ok,
+            tl.where(j < n_left, m_lo + j * BLOCK_M, u_hi + (j - n_left) * BLOCK_M),
+            (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh),
+            q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE + row0, DELTA + row0,
+            QPOS + b64 * Lq, QTAG + b64 * Lq, Lq, rb, lb, has_tags, alpha, log2_cp, c_a2,
+            DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, True, LINEAR, IN_PREC, FAST)
+        h64, j = _next_pair(h64, j, n_masked)
 
+    dk_a = dk_a * c_a
     if LINEAR:
-        dk_p = dk_p + dk_psum[:, None]
-    dk_base = DK + b * stride_dkb + kvh * stride_dkh
-    tl.store(dk_base + offs_n[:, None] * stride_dkn + offs_da[None, :], dk_a.to(DK.dtype.element_ty),
-             mask=n_ok[:, None] & (offs_da[None, :] < DA))
-    tl.store(dk_base + offs_n[:, None] * stride_dkn + DA + offs_dp[None, :], dk_p.to(DK.dtype.element_ty),
-             mask=n_ok[:, None] & (offs_dp[None, :] < DP))
-    tl.store(DV + b * stride_dvb + kvh * stride_dvh + offs_n[:, None] * stride_dvn + offs_dv[None, :],
-             dv.to(DV.dtype.element_ty), mask=n_ok[:, None] & (offs_dv[None, :] < DV_))
+        dk_p = tl.zeros([BLOCK_N, BDP], dtype=tl.float32) + (dk_psum * (-6.283185307179586 * c_a))[:, None]
+    else:
+        dk_p = dk_p * (-6.283185307179586 * c_a)
+    dk_rows = DK + b64 * stride_dkb + kvh64 * stride_dkh + offs_n.to(tl.int64) * stride_dkn
+    store_rows(dk_rows[:, None] + offs_da[None, :], dk_a.to(DK.dtype.element_ty), n_ok, offs_da < DA, BDA != DA)
+    store_rows(dk_rows[:, None] + DA + offs_dp[None, :], dk_p.to(DK.dtype.element_ty), n_ok, offs_dp < DP,
+               BDP != DP)
+    dv_rows = DV + b64 * stride_dvb + kvh64 * stride_dvh + offs_n.to(tl.int64) * stride_dvn
+    store_rows(dv_rows[:, None] + offs_dv[None, :], dv.to(DV.dtype.element_ty), n_ok, offs_dv < DV_, BDV != DV_)
 
 
 @triton.jit
-def _bwd_dq_inner(dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
-                  k_base, v_base, stride_kn, stride_vn, kpos_base, kpm_base, kseg_base,
-                  lo, hi, Lk, off, window, alpha, c_a, c_p,
-                  DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
-                  DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr,
-                  MASKED: tl.constexpr, CAUSAL: tl.constexpr, WINDOW: tl.constexpr,
-                  HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
-                  LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
-    """Accumulate dQ of one query block over key blocks [lo, hi) ([M, N] tiles)."""
-    offs_da = tl.arange(0, BDA)
-    offs_dp = tl.arange(0, BDP)
-    offs_dv = tl.arange(0, BDV)
-    c_a2 = c_a * 1.4426950408889634
-    for start_n in range(lo, hi, BLOCK_N):
-        offs_n = start_n + tl.arange(0, BLOCK_N)
-        n_ok = offs_n < Lk
-        if MASKED:
-            ld_n = n_ok
-        else:
-            ld_n = offs_n >= 0
-        ka = tl.load(k_base + offs_n[:, None] * stride_kn + offs_da[None, :],
-                     mask=ld_n[:, None] & (offs_da[None, :] < DA), other=0.0)
-        kp = tl.load(k_base + offs_n[:, None] * stride_kn + DA + offs_dp[None, :],
-                     mask=ld_n[:, None] & (offs_dp[None, :] < DP), other=0.0)
-        v = tl.load(v_base + offs_n[:, None] * stride_vn + offs_dv[None, :],
-                    mask=ld_n[:, None] & (offs_dv[None, :] < DV), other=0.0)
-        k_pos = tl.load(kpos_base + offs_n, mask=ld_n, other=0)
-        amp = tl.dot(qa, tl.trans(ka), input_precision=IN_PREC)
-        if LINEAR:
-            k_sum = tl.sum(kp.to(tl.float32), 1)
-            ph = q_sum[:, None] + k_sum[None, :]
-        else:
-            ph = tl.dot(qp, tl.trans(kp), input_precision=IN_PREC)
-        d_pow, r = _phase_turns(q_pos[:, None], k_pos[None, :], ph, alpha, c_p)
-        cos_phi = tl.cos(TWO_PI * r)
-        s = c_a2 * amp * cos_phi
-        if HAS_KPM:
-            k_pad = tl.load(kpm_base + offs_n, mask=ld_n, other=0) != 0
-        else:
-            k_pad = n_ok
-        if HAS_SEG:
-            k_seg = tl.load(kseg_base + offs_n, mask=ld_n, other=-1)
-        else:
-            k_seg = offs_n
-        s = _apply_mask(s, offs_m[:, None], offs_n[None, :], offs_m[:, None] >= 0, n_ok[None, :], off, window,
-                        q_seg[:, None], k_seg[None, :], k_pad[None, :], MASKED, CAUSAL, WINDOW, HAS_KPM, HAS_SEG)
-        p = tl.exp2(s - lse[:, None])
-        dp = tl.dot(do, tl.trans(v), input_precision=IN_PREC)
-        ds = p * (dp - delta[:, None])
-        g_a = ds * (c_a * cos_phi)
-        g_p = ds * ((-TWO_PI * c_a * c_p) * d_pow * amp * tl.sin(TWO_PI * r))
-        dq_a += tl.dot(g_a.to(ka.dtype), ka, input_precision=IN_PREC)
-        if LINEAR:
-            dq_psum += tl.sum(g_p, 1)
-        else:
-            dq_p += tl.dot(g_p.to(kp.dtype), kp, input_precision=IN_PREC)
+def _dq_block(dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n,
+              kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, KTAG,
+              Lk, rb, lb, has_tags, alpha, log2_cp, c_a2,
+              DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
+              DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
+              LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+    """dQ contributions of key block [start_n, start_n + BLOCK_N) to one query block ([M, N] tiles)."""
+    offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref = _key_block(
+        qa, qp, q_sum, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
+        DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED, LINEAR, IN_PREC)
+    s, g_a, g_p = _bwd_scores(amp, ph, q_pos[:, None], k_pos[None, :], d_ref, alpha, log2_cp, FAST)
+    if MASKED:
+        k_tag = tl.load(KTAG + offs_n, mask=offs_n < Lk * has_tags, other=0)
+        s = _masked(s, offs_m[:, None], offs_n[None, :], n_ok[None, :], q_tag[:, None], k_tag[None, :], rb, lb)
+    p = exp2(s * c_a2 - lse[:, None], FAST)
+    dp = tl.dot(do, tl.trans(v), input_precision=IN_PREC)
+    ds = p * (dp - delta[:, None])
+    dq_a += tl.dot((ds * g_a).to(ka.dtype), ka, input_precision=IN_PREC)
+    if LINEAR:
+        dq_psum += tl.sum(ds * g_p, 1)
+    else:
+        dq_p += tl.dot((ds * g_p).to(kp.dtype), kp, input_precision=IN_PREC)
     return dq_a, dq_p, dq_psum
 
 
-@triton.jit
-def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, KPM, QSEG, KSEG,
+@_jit
+def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                         stride_dqb, stride_dqh, stride_dqm,
-                        H, GROUP, Lq, Lk, alpha, c_a, c_p, window,
+                        H, GROUP, Lq, Lk, causal, window, has_tags, alpha, log2_cp, c_a, c_a2,
                         DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                         DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                        CAUSAL: tl.constexpr, WINDOW: tl.constexpr, HAS_KPM: tl.constexpr, HAS_SEG: tl.constexpr,
-                        LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
+                        LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+    """dQ of one query block of one query head, looping over the visible key blocks."""
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
-    b = pid_bh // H
+    b64 = (pid_bh // H).to(tl.int64)
     h = pid_bh % H
-    kvh = h // GROUP
+    h64 = h.to(tl.int64)
+    kvh64 = (h // GROUP).to(tl.int64)
     start_m = pid_m * BLOCK_M
-    offs_m = start_m + tl.arange(0, BLOCK_M)
-    m_ok = offs_m < Lq
     offs_da = tl.arange(0, BDA)
     offs_dp = tl.arange(0, BDP)
     offs_dv = tl.arange(0, BDV)
-    q_base = Q + b * stride_qb + h * stride_qh
-    qa = tl.load(q_base + offs_m[:, None] * stride_qm + offs_da[None, :],
-                 mask=m_ok[:, None] & (offs_da[None, :] < DA), other=0.0)
-    qp = tl.load(q_base + offs_m[:, None] * stride_qm + DA + offs_dp[None, :],
-                 mask=m_ok[:, None] & (offs_dp[None, :] < DP), other=0.0)
-    do = tl.load(DO + b * stride_dob + h * stride_doh + offs_m[:, None] * stride_dom + offs_dv[None, :],
-                 mask=m_ok[:, None] & (offs_dv[None, :] < DV), other=0.0)
+    offs_m = tl.arange(0, BLOCK_M)
+    offs_m, m_ok, qa, qp, do, q_pos = _row_block(
+        start_m, (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh),
+        offs_m[:, None] * stride_qm + offs_da[None, :], offs_m[:, None] * stride_qm + offs_dp[None, :],
+        offs_m[:, None] * stride_dom + offs_dv[None, :], stride_qm, stride_dom, QPOS + b64 * Lq, Lq,
+        DA, BDA, DP, BDP, DV, BDV, BLOCK_M, True)
     q_sum = tl.sum(qp.to(tl.float32), 1)
-    lse = tl.load(LSE + pid_bh * Lq + offs_m, mask=m_ok, other=0.0)
-    delta = tl.load(DELTA + pid_bh * Lq + offs_m, mask=m_ok, other=0.0)
-    q_pos = tl.load(QPOS + b * Lq + offs_m, mask=m_ok, other=0)
-    if HAS_SEG:
-        q_seg = tl.load(QSEG + b * Lq + offs_m, mask=m_ok, other=-2)
-    else:
-        q_seg = offs_m
-    k_base = K + b * stride_kb + kvh * stride_kh
-    v_base = V + b * stride_vb + kvh * stride_vh
+    row0 = (b64 * H + h64) * Lq
+    lse = tl.load(LSE + row0 + offs_m, mask=m_ok, other=float("inf"))
+    delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
+    q_tag = tl.load(QTAG + b64 * Lq + offs_m, mask=offs_m < Lq * has_tags, other=0)
+    q_ref = tl.load(QPOS + b64 * Lq + tl.minimum(start_m + BLOCK_M // 2, Lq - 1))
+    offs_n = tl.arange(0, BLOCK_N)
+    kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh)
+    k_off_a = offs_n[:, None] * stride_kn + offs_da[None, :]
+    k_off_p = offs_n[:, None] * stride_kn + offs_dp[None, :]
+    v_off = offs_n[:, None] * stride_vn + offs_dv[None, :]
+    kpos_b = KPOS + b64 * Lk
+    ktag_b = KTAG + b64 * Lk
+
+    off = Lk - Lq
+    rb = tl.where(causal != 0, off, Lk)
+    lb = off - window
+    lo, u_lo, u_hi, n_left, n_masked = block_range(start_m * 0, Lk, start_m, tl.minimum(start_m + BLOCK_M, Lq) - 1,
+                                                   off, rb, window, has_tags, BLOCK_N)
     dq_a = tl.zeros([BLOCK_M, BDA], dtype=tl.float32)
     dq_p = tl.zeros([BLOCK_M, BDP], dtype=tl.float32)
     dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)
-    off = Lk - Lq
-    if CAUSAL:
-        hi = tl.minimum(Lk, start_m + BLOCK_M + off)
-        full_hi = tl.minimum(Lk, start_m + off + 1)
-    else:
-        hi = Lk
-        full_hi = Lk
-    n_full = (full_hi // BLOCK_N) * BLOCK_N
-    if WINDOW:  # same three stages as the forward
-        lo = (tl.maximum(start_m + off - window + 1, 0) // BLOCK_N) * BLOCK_N
-        win_full = tl.cdiv(tl.maximum(start_m + BLOCK_M + off - window, 0), BLOCK_N) * BLOCK_N
-        full_lo = tl.minimum(tl.maximum(win_full, lo), n_full)
-        dq_a, dq_p, dq_psum = _bwd_dq_inner(
-            dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
-            k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-            lo, full_lo, Lk, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-            True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    else:
-        full_lo = 0
-    dq_a, dq_p, dq_psum = _bwd_dq_inner(
-        dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
-        k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-        full_lo, n_full, Lk, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-        False, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
-    dq_a, dq_p, dq_psum = _bwd_dq_inner(
-        dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_seg, offs_m,
-        k_base, v_base, stride_kn, stride_vn, KPOS + b * Lk, KPM + b * Lk, KSEG + b * Lk,
-        n_full, hi, Lk, off, window, alpha, c_a, c_p, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-        True, CAUSAL, WINDOW, HAS_KPM, HAS_SEG, LINEAR, IN_PREC)
+    for start_n in range(u_lo, u_hi, BLOCK_N):
+        dq_a, dq_p, dq_psum = _dq_block(
+            dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n, kv_base,
+            k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, log2_cp,
+            c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, False, LINEAR, IN_PREC, FAST)
+    for it in range(0, n_masked):
+        dq_a, dq_p, dq_psum = _dq_block(
+            dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, q_tag, offs_m,
+            tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N), kv_base,
+            k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, log2_cp,
+            c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, True, LINEAR, IN_PREC, FAST)
+
+    dq_a = dq_a * c_a
     if LINEAR:
-        dq_p = dq_p + dq_psum[:, None]
-    dq_base = DQ + b * stride_dqb + h * stride_dqh
-    tl.store(dq_base + offs_m[:, None] * stride_dqm + offs_da[None, :], dq_a.to(DQ.dtype.element_ty),
-             mask=m_ok[:, None] & (offs_da[None, :] < DA))
-    tl.store(dq_base + offs_m[:, None] * stride_dqm + DA + offs_dp[None, :], dq_p.to(DQ.dtype.element_ty),
-             mask=m_ok[:, None] & (offs_dp[None, :] < DP))
+        dq_p = tl.zeros([BLOCK_M, BDP], dtype=tl.float32) + (dq_psum * (-6.283185307179586 * c_a))[:, None]
+    else:
+        dq_p = dq_p * (-6.283185307179586 * c_a)
+    dq_rows = DQ + b64 * stride_dqb + h64 * stride_dqh + offs_m.to(tl.int64) * stride_dqm
+    store_rows(dq_rows[:, None] + offs_da[None, :], dq_a.to(DQ.dtype.element_ty), m_ok, offs_da < DA, BDA != DA)
+    store_rows(dq_rows[:, None] + DA + offs_dp[None, :], dq_p.to(DQ.dtype.element_ty), m_ok, offs_dp < DP,
+               BDP != DP)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Host side
+# Host side: tiles per target, launch plans, autograd
 # ----------------------------------------------------------------------------------------------------
 
 
-def _pow2(n: int, lo: int = 16) -> int:
-    return max(lo, triton.next_power_of_2(n))
-
-
-def _configs(head_dim: int) -> dict[str, tuple[int, int, int, int]]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) per kernel. Small tiles under the interpreter so the
-    tests cross several blocks; GPU-legal (powers of two, >= 16) everywhere. GPU values are untuned."""
-    if _interpreting():
-        return {"fwd": (16, 16, 4, 1), "dkdv": (16, 16, 4, 1), "dq": (16, 16, 4, 1), "decode_n": (16, 0, 4, 1)}
-    big = head_dim > 128
-    return {
-        "fwd": (64, 32, 4, 2) if big else (128, 64, 8, 2),
-        "dkdv": (32, 32, 4, 1) if big else (32, 64, 4, 2),
-        "dq": (32, 32, 4, 1) if big else (64, 32, 4, 2),
-        "decode_n": (64, 0, 4, 2),
-    }
-
-
-class _Prepared:
-    """Kernel-ready views of the validated arguments (int32 positions / masks, dims, constants)."""
-
-    def __init__(self, q: torch.Tensor, k: torch.Tensor, args: TapaArgs):
-        self.args = args
-        self.B, self.H, self.Lq, self.D = q.shape
-        self.HKV, self.Lk = k.shape[1], k.shape[2]
-        self.qpos = args.q_positions.to(torch.int32).contiguous()
-        self.kpos = args.k_positions.to(torch.int32).contiguous()
-        self.kpm = args.key_padding_mask.to(torch.int8).contiguous() if args.key_padding_mask is not None else None
-        self.qseg = args.q_segment_ids.to(torch.int32).contiguous() if args.q_segment_ids is not None else None
-        self.kseg = args.k_segment_ids.to(torch.int32).contiguous() if args.k_segment_ids is not None else None
-        self.c_a = 1.0 / math.sqrt(args.amp_dims)
-        self.c_p = 1.0 / math.sqrt(args.phase_dims)
-        self.in_prec = "ieee" if q.dtype == torch.float32 else "tf32"
-        # a window of Lk or more keys removes nothing: compile the plain kernels (WINDOW=False)
-        w = args.sliding_window
-        self.window = w if w is not None and w < self.Lk else None
-
-    def mask_ptrs(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        dummy = self.qpos
-        return (
-            self.qpos,
-            self.kpos,
-            self.kpm if self.kpm is not None else dummy,
-            self.qseg if self.qseg is not None else dummy,
-            self.kseg if self.kseg is not None else dummy,
-        )
-
-    @property
-    def window_arg(self) -> int:
-        """Runtime window size handed to the kernels (unused when WINDOW=False)."""
-        return self.window if self.window is not None else 0
-
-    def decode_kv_lo(self, block_n: int) -> int:
-        """First key block the decode splits must cover: keys j < Lk − Lq − W + 1 are outside every
-        query's window (0 without a window)."""
-        if self.window is None:
-            return 0
-        return (max(self.Lk - self.Lq - self.window + 1, 0) // block_n) * block_n
-
-    def meta(self) -> dict:
-        a = self.args
-        return dict(
-            DA=a.amp_dims, BDA=_pow2(a.amp_dims), DP=a.phase_dims, BDP=_pow2(a.phase_dims),
-            CAUSAL=a.causal, WINDOW=self.window is not None, HAS_KPM=self.kpm is not None,
-            HAS_SEG=self.qseg is not None,
-            LINEAR=a.linear, IN_PREC=self.in_prec,
-        )
+def tiles(target: Target, head_dim: int) -> dict[str, Tile]:
+    """Tile / warp / stage choice per kernel ("fwd", "decode", "dkdv", "dq") for a target and head dim.
+    Interpreter: 16-wide tiles so small tests cross several blocks. GPU: chosen from the compile lane's
+    register / spill / shared-memory figures (no spills at D <= 128 on sm_80 and sm_90)."""
+    if target.interpreter:
+        t = Tile(16, 16, 4, 1)
+        return {"fwd": t, "decode": t, "dkdv": t, "dq": t}
+    if head_dim <= 64:
+        return {"fwd": Tile(128, 64, 4, 3), "decode": Tile(16, 64, 4, 3),
+                "dkdv": Tile(32, 64, 4, 2), "dq": Tile(64, 32, 4, 2)}
+    if head_dim <= 128:
+        return {"fwd": Tile(128, 64, 8, 2), "decode": Tile(16, 64, 4, 2),
+                "dkdv": Tile(32, 64, 4, 2), "dq": Tile(64, 32, 4, 2)}
+    return {"fwd": Tile(64, 32, 4, 2), "decode": Tile(16, 32, 4, 2),
+            "dkdv": Tile(16, 32, 4, 1), "dq": Tile(32, 16, 4, 1)}
 
 
 def use_decode_path(Lq: int, group: int) -> bool:
-    """Whether the split-K decode kernel handles this call (Lq ≤ 16 and the packed group fits a tile)."""
-    return Lq <= DECODE_MAX_LQ and Lq * group <= DECODE_MAX_ROWS
+    """Whether a call runs as split-K decode (GQA-packed rows): Lq <= 16 queries."""
+    return Lq <= DECODE_MAX_LQ
 
 
-def _num_splits(prep: _Prepared, kv_len: int, block_n: int, q: torch.Tensor) -> int:
-    n_blocks = triton.cdiv(kv_len, block_n)
-    if _interpreting():
-        blocks_per_split = 2
-        return triton.cdiv(n_blocks, blocks_per_split)
-    sms = torch.cuda.get_device_properties(q.device).multi_processor_count
-    want = max(1, triton.cdiv(2 * sms, prep.B * prep.HKV))
-    return max(1, min(n_blocks, want, 128))
+@dataclass
+class _Inputs:
+    """Kernel-ready views of validated arguments: fp32 relative positions, int32 tags, constants."""
+
+    q_pos: torch.Tensor
+    k_pos: torch.Tensor
+    q_tag: torch.Tensor | None
+    k_tag: torch.Tensor | None
+    c_a: float
+    log2_cp: float
+    window: int
+    in_prec: str
+
+    @classmethod
+    def build(cls, q: torch.Tensor, k: torch.Tensor, args: TapaArgs) -> "_Inputs":
+        Lk = k.shape[2]
+        base = torch.minimum(args.q_positions.amin(1, keepdim=True), args.k_positions.amin(1, keepdim=True))
+        q_pos = (args.q_positions - base).to(torch.float32).contiguous()
+        k_pos = (args.k_positions - base).to(torch.float32).contiguous()
+        q_tag = k_tag = None
+        if args.q_segment_ids is not None or args.key_padding_mask is not None:
+            if args.q_segment_ids is not None:
+                qs, ks = args.q_segment_ids, args.k_segment_ids
+                tbase = torch.minimum(qs.amin(1, keepdim=True), ks.amin(1, keepdim=True))
+                qs, ks = qs - tbase, ks - tbase  # >= 0, so −1 is free for padded keys
+            else:
+                qs = torch.zeros_like(args.q_positions)
+                ks = torch.zeros_like(args.k_positions)
+            if args.key_padding_mask is not None:
+                ks = torch.where(args.key_padding_mask, ks, torch.full_like(ks, -1))
+            q_tag = qs.to(torch.int32).contiguous()
+            k_tag = ks.to(torch.int32).contiguous()
+        w = args.sliding_window
+        return cls(q_pos, k_pos, q_tag, k_tag, 1.0 / math.sqrt(args.amp_dims),
+                   math.log2(1.0 / math.sqrt(args.phase_dims)), w if w is not None and w < Lk else NO_WINDOW,
+                   "ieee" if q.dtype == torch.float32 else "tf32")
+
+    def common(self, args: TapaArgs, target: Target) -> dict:
+        """Arguments every TAPA kernel takes (tag pointers are never read without tags: has_tags = 0)."""
+        return dict(QPOS=self.q_pos, KPOS=self.k_pos,
+                    QTAG=self.q_tag if self.q_tag is not None else self.q_pos.view(torch.int32),
+                    KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32),
+                    causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
+                    alpha=args.alpha, log2_cp=self.log2_cp,
+                    DA=args.amp_dims, BDA=pow2(args.amp_dims), DP=args.phase_dims, BDP=pow2(args.phase_dims),
+                    LINEAR=args.linear, IN_PREC=self.in_prec, FAST=target.fast_math)
 
 
-def _forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prep: _Prepared) -> tuple[torch.Tensor, torch.Tensor]:
-    B, H, Lq, D, HKV, Lk = prep.B, prep.H, prep.Lq, prep.D, prep.HKV, prep.Lk
-    a = prep.args
+def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target,
+                 inputs: _Inputs | None = None) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor]:
+    """Launch plan of the forward: (specs, O [B, Hq, Lq, D], LSE [B, Hq, Lq] base 2, +inf for rows without a
+    visible key)."""
+    inputs = inputs if inputs is not None else _Inputs.build(q, k, args)
+    B, H, Lq, D = q.shape
+    HKV, Lk = k.shape[1], k.shape[2]
     o = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    qpos, kpos, kpm, qseg, kseg = prep.mask_ptrs()
-    cfg = _configs(D)
-    meta = prep.meta()
-    if use_decode_path(Lq, a.group):
-        block_n, _, warps, stages = cfg["decode_n"]
-        kv_lo = prep.decode_kv_lo(block_n)
-        kv_len = Lk - kv_lo  # the key range [kv_lo, Lk) the splits share
-        splits = _num_splits(prep, kv_len, block_n, q)
-        split_len = triton.cdiv(triton.cdiv(kv_len, splits), block_n) * block_n
-        splits = triton.cdiv(kv_len, split_len)
-        bdv = _pow2(D)
-        acc = torch.empty((B, H, Lq, splits, bdv), dtype=torch.float32, device=q.device)
-        ml = torch.empty((B, H, Lq, splits, 2), dtype=torch.float32, device=q.device)
-        _tapa_decode_kernel[(splits, B * HKV)](
-            q, k, v, acc, ml, qpos, kpos, kpm, qseg, kseg,
-            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-            v.stride(0), v.stride(1), v.stride(2),
-            H, HKV, a.group, Lq, Lk, split_len, splits, kv_lo, a.alpha, prep.c_a * LOG2E, prep.c_p, prep.window_arg,
-            DV=D, BDV=bdv, BLOCK_M=_pow2(Lq * a.group), BLOCK_N=block_n,
-            num_warps=warps, num_stages=stages, **meta,
-        )
-        _tapa_decode_combine_kernel[(B * H * Lq,)](
-            acc, ml, o, lse, H, Lq, splits, o.stride(0), o.stride(1), o.stride(2),
-            DV=D, BDV=bdv, BLOCK_S=_pow2(splits, 2), num_warps=4,
-        )
-        return o, lse
-    bm, bn, warps, stages = cfg["fwd"]
-    _tapa_fwd_kernel[(triton.cdiv(Lq, bm), B * H)](
-        q, k, v, o, lse, qpos, kpos, kpm, qseg, kseg,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        H, a.group, Lq, Lk, a.alpha, prep.c_a * LOG2E, prep.c_p, prep.window_arg,
-        DV=D, BDV=_pow2(D), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+    cfg = tiles(target, D)
+    decode = use_decode_path(Lq, args.group)
+    tile = cfg["decode"] if decode else cfg["fwd"]
+    if decode:
+        gp, h_prog = args.group, HKV
+    else:
+        gp, h_prog = 1, H
+    rows = gp * Lq
+    n_row_tiles = triton.cdiv(rows, tile.block_m)
+    splits = num_splits(target, n_row_tiles * B * h_prog, Lk, tile.block_n) if decode else 1
+    split_len = triton.cdiv(triton.cdiv(Lk, splits), tile.block_n) * tile.block_n
+    splits = triton.cdiv(Lk, split_len)
+    if splits == 1:
+        o_out, lse_out = o, lse
+        so, sl = (o.stride(0), o.stride(1), 0, o.stride(2)), (lse.stride(0), lse.stride(1), 0)
+    else:
+        o_out = torch.empty((B, H, splits, Lq, D), dtype=torch.float32, device=q.device)
+        lse_out = torch.empty((B, H, splits, Lq), dtype=torch.float32, device=q.device)
+        so, sl = strides(o_out, 4), strides(lse_out, 3)
+    fwd = LaunchSpec(
+        "tapa_decode" if decode else "tapa_fwd", _tapa_fwd_kernel, (n_row_tiles, B * h_prog, splits),
+        dict(Q=q, K=k, V=v, O=o_out, LSE=lse_out,
+             **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
+             **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
+             **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
+             **dict(zip(("stride_ob", "stride_oh", "stride_os", "stride_om"), so)),
+             **dict(zip(("stride_lb", "stride_lh", "stride_ls"), sl)),
+             H_PROG=h_prog, GP=gp, GROUP=args.group, R=rows, Lq=Lq, Lk=Lk, split_len=split_len,
+             c_a2=inputs.c_a * LOG2E, lse_empty=float("inf") if splits == 1 else float("-inf"), DV=D, BDV=pow2(D), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+             **inputs.common(args, target)),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
-    return o, lse
+    if splits == 1:
+        return [fwd], o, lse
+    return [fwd, plan_split_combine(o_out, lse_out, o, lse)], o, lse
 
 
-def _backward(q, k, v, o, lse, do, prep: _Prepared) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    B, H, Lq, D, HKV, Lk = prep.B, prep.H, prep.Lq, prep.D, prep.HKV, prep.Lk
-    a = prep.args
-    do = do.contiguous()
+def plan_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                  do: torch.Tensor, args: TapaArgs, target: Target, inputs: _Inputs | None = None
+                  ) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch plan of the backward: (specs, dq, dk, dv). o, do and lse must be contiguous."""
+    inputs = inputs if inputs is not None else _Inputs.build(q, k, args)
+    B, H, Lq, D = q.shape
+    HKV, Lk = k.shape[1], k.shape[2]
     delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    n_rows = B * H * Lq
-    _tapa_bwd_preprocess[(triton.cdiv(n_rows, 32),)](o, do, delta, n_rows, D=D, BD=_pow2(D), BLOCK=32)
-    dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    qpos, kpos, kpm, qseg, kseg = prep.mask_ptrs()
-    cfg = _configs(D)
-    meta = prep.meta()
-    bm, bn, warps, stages = cfg["dkdv"]
-    _tapa_bwd_dkdv_kernel[(triton.cdiv(Lk, bn), B * HKV)](
-        q, k, v, do, lse, delta, dk, dv, qpos, kpos, kpm, qseg, kseg,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dk.stride(0), dk.stride(1), dk.stride(2), dv.stride(0), dv.stride(1), dv.stride(2),
-        H, HKV, a.group, Lq, Lk, a.alpha, prep.c_a, prep.c_p, prep.window_arg,
-        DV_=D, BDV=_pow2(D), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    cfg = tiles(target, D)
+    common = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta,
+                  **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
+                  **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
+                  **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
+                  **dict(zip(("stride_dob", "stride_doh", "stride_dom"), strides(do))),
+                  H=H, GROUP=args.group, Lq=Lq, Lk=Lk, c_a=inputs.c_a, c_a2=inputs.c_a * LOG2E,
+                  BDV=pow2(D), **inputs.common(args, target))
+    t = cfg["dkdv"]
+    dkdv = LaunchSpec(
+        "tapa_bwd_dkdv", _tapa_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * HKV),
+        dict(common, DK=dk, DV=dv, HKV=HKV, DV_=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+             **dict(zip(("stride_dkb", "stride_dkh", "stride_dkn"), strides(dk))),
+             **dict(zip(("stride_dvb", "stride_dvh", "stride_dvn"), strides(dv)))),
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )
-    bm, bn, warps, stages = cfg["dq"]
-    _tapa_bwd_dq_kernel[(triton.cdiv(Lq, bm), B * H)](
-        q, k, v, do, lse, delta, dq, qpos, kpos, kpm, qseg, kseg,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), do.stride(0), do.stride(1), do.stride(2),
-        dq.stride(0), dq.stride(1), dq.stride(2),
-        H, a.group, Lq, Lk, a.alpha, prep.c_a, prep.c_p, prep.window_arg,
-        DV=D, BDV=_pow2(D), BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages, **meta,
+    t = cfg["dq"]
+    dq_spec = LaunchSpec(
+        "tapa_bwd_dq", _tapa_bwd_dq_kernel, (triton.cdiv(Lq, t.block_m), B * H),
+        dict(common, DQ=dq, DV=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+             **dict(zip(("stride_dqb", "stride_dqh", "stride_dqm"), strides(dq)))),
+        num_warps=t.num_warps, num_stages=t.num_stages,
     )
-    return dq, dk, dv
+    return [plan_row_dot(o, do, delta, target), dkdv, dq_spec], dq, dk, dv
 
 
 class _TapaFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs) -> torch.Tensor:
-        prep = _Prepared(q, k, args)
-        o, lse = _forward(q, k, v, prep)
+        target = Target.of(q)
+        inputs = _Inputs.build(q, k, args)
+        specs, o, lse = plan_forward(q, k, v, args, target, inputs)
+        launch_all(specs)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.prep = prep
+        ctx.args, ctx.target, ctx.inputs = args, target, inputs
         return o
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, do: torch.Tensor):
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = _backward(q, k, v, o, lse, do, ctx.prep)
+        specs, dq, dk, dv = plan_backward(q, k, v, o, lse, do.contiguous(), ctx.args, ctx.target, ctx.inputs)
+        launch_all(specs)
         return dq, dk, dv, None
 
 
@@ -847,7 +689,8 @@ def tapa_attention_triton(
     key blocks outside every window are skipped.
 
     Differentiable in q, k, v (positions, masks and segment ids are not). Runs on CUDA tensors, or on
-    CPU tensors under TRITON_INTERPRET=1. Returns [B, Hq, Lq, D] in q's dtype.
+    CPU tensors under TRITON_INTERPRET=1. Returns [B, Hq, Lq, D] in q's dtype. bf16/fp16 run on the tensor
+    cores; fp32 inputs use exact fp32 ("ieee") dots on the FMA units, which is much slower on GPUs.
     """
     args = validate_tapa_args(
         q, k, v, alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions,
@@ -857,8 +700,46 @@ def tapa_attention_triton(
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"the Triton TAPA kernel takes float16/bfloat16/float32 inputs, got {q.dtype}; "
                         "use tapa_attention_reference for float64")
-    if q.device.type != "cuda" and not _interpreting():
+    if q.device.type != "cuda" and not interpreting():
         raise ValueError("tapa_attention_triton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tests); "
                          "use tapa_attention_reference on CPU")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
     return _TapaFunction.apply(q, k, v, args)
+
+
+def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[LaunchSpec]:
+    """Every launch the host code plans for `target` at this dtype and head dim (θ = 0.5), on meta tensors:
+    both phase modes (the only constexpr flag) × prefill forward + backward and split-K decode + combine,
+    each with plain causal masks, with padding + packed segments, and non-causal with a sliding window
+    (runtime arguments: the compile lane finds them to be the same binaries)."""
+    B, H, HKV, L = 2, 8, 2, 1024
+
+    def meta(*shape, dt=dtype):
+        return torch.empty(*shape, device="meta", dtype=dt)
+
+    masks = (
+        {},
+        dict(key_padding_mask=meta(B, L, dt=torch.bool), k_segment_ids=meta(B, L, dt=torch.long)),
+        dict(causal=False, sliding_window=256),
+    )
+    specs: list[LaunchSpec] = []
+    for phase in ("quadratic", "linear"):
+        for extra in masks:
+            for lq in (L, 1):
+                q, k, v = meta(B, H, lq, head_dim), meta(B, HKV, L, head_dim), meta(B, HKV, L, head_dim)
+                if "k_segment_ids" in extra:
+                    extra = dict(extra, q_segment_ids=meta(B, lq, dt=torch.long))
+                args = validate_tapa_args(q, k, v, alpha=0.1, theta=0.5, phase=phase, causal=extra.get("causal", True),
+                                          q_positions=None, k_positions=None,
+                                          key_padding_mask=extra.get("key_padding_mask"),
+                                          q_segment_ids=extra.get("q_segment_ids"),
+                                          k_segment_ids=extra.get("k_segment_ids"),
+                                          sliding_window=extra.get("sliding_window"))
+                fwd, o, lse = plan_forward(q, k, v, args, target)
+                specs += fwd
+                if lq > DECODE_MAX_LQ:
+                    specs += plan_backward(q, k, v, o, lse, meta(B, H, lq, head_dim), args, target)[0]
+    return specs
+
+
+__all__ = ["tapa_attention_triton", "plan_forward", "plan_backward", "tiles", "use_decode_path", "lane_specs"]

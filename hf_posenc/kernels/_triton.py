@@ -1,0 +1,487 @@
+"""Triton plumbing shared by the kernel families (TAPA, TAPE): launch plans, targets, fast math, two small
+helper kernels, and compiling a launch plan into a GPU binary on a machine without a GPU.
+
+One source of truth for launches: a family's host code *plans* every kernel launch as a :class:`LaunchSpec`
+(kernel, grid, every argument by name, num_warps, num_stages) for a :class:`Target`, and the real launcher runs
+exactly those specs. The compile lane (``hf_posenc.kernels.compile_lane``) plans the same calls on ``meta``
+tensors for an A100 / H100 target and compiles each spec with :func:`compile_spec`, which derives the kernel
+signature, constexprs and specialisation attributes through Triton's own argument binder, so what is compiled
+here is what ``kernel[grid](...)`` would compile on that GPU.
+
+Fast math (``FAST`` constexpr, on for CUDA targets, off in the interpreter, which has no inline assembly): the
+transcendental helpers below lower to the PTX approximate instructions (special-function unit, ``MUFU``):
+``ex2.approx.ftz.f32``, ``lg2.approx.ftz.f32``, ``cos/sin.approx.ftz.f32``. Error bounds documented in the PTX
+ISA / CUDA guide: ex2 about 2 ulp (relative 2^-22.5), lg2 absolute 2^-22 on [0.5, 2] and 2 ulp of the result
+elsewhere, cos/sin absolute 2^-21 on [-π, π]. The trig helpers take the phase in *turns* and range-reduce it
+exactly (r = t − rint(t), exact in fp32), so the approximate instruction only ever sees arguments in [-π, π];
+TAPA's d^α takes lg2 of d·2^-e, 2^e a power of two near the tile's distances (exact scaling, exact log2), so the
+approximate lg2 works near 1 in tiles far from the diagonal, where phases are large. The kernel tests
+emulate errors several times these bounds on the float64 reference and check the result stays inside bf16
+tolerance.
+
+fp32 inputs: kernels pass ``input_precision="ieee"`` for fp32 tensors, so their dots run on the FMA units, not
+the tensor cores (exact to fp32 accumulation, several times slower); bf16/fp16 inputs take the tensor cores
+(``mma``/``wgmma`` with fp32 accumulation). Use bf16/fp16 on GPUs for speed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+ARCHS = (80, 90)  # the architectures the compile lane builds for: A100 (sm_80) and H100 (sm_90a)
+# largest dynamic shared memory one block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin): Triton's launcher
+# refuses a kernel above it ("out of resources: shared memory")
+SHARED_LIMIT = {80: 166912, 90: 232448}
+SM_COUNT = {80: 108, 90: 132}  # A100-SXM / H100-SXM, for split-K planning in the lane
+NO_WINDOW = 1 << 30  # window handed to the kernels when there is none (larger than any i_abs − j)
+
+
+def interpreting() -> bool:
+    """True when Triton kernels run under the CPU interpreter (TRITON_INTERPRET=1, read at kernel import)."""
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+def pow2(n: int, lo: int = 16) -> int:
+    """Next power of two >= n, at least `lo` (tile extents must be powers of two; dots need >= 16)."""
+    return max(lo, triton.next_power_of_2(n))
+
+
+@dataclass(frozen=True)
+class Target:
+    """What the host code plans launches for: a CUDA architecture (80 = A100, 90 = H100) or the interpreter."""
+
+    arch: int | None  # compute capability major * 10 + minor; None = Triton's CPU interpreter
+    sm_count: int
+
+    @property
+    def interpreter(self) -> bool:
+        return self.arch is None
+
+    @property
+    def fast_math(self) -> bool:
+        """Approximate special-function instructions: CUDA only (the interpreter has no inline assembly)."""
+        return self.arch is not None
+
+    @property
+    def hopper(self) -> bool:
+        return self.arch is not None and self.arch >= 90
+
+    @classmethod
+    def gpu(cls, arch: int) -> "Target":
+        """The lane's stand-in for a real device of that architecture."""
+        if arch not in SM_COUNT:
+            raise ValueError(f"no compile-lane target for sm_{arch}; known: {sorted(SM_COUNT)}")
+        return cls(arch, SM_COUNT[arch])
+
+    @classmethod
+    def of(cls, t: torch.Tensor) -> "Target":
+        """The target a launch on tensor `t` runs on (the interpreter when TRITON_INTERPRET=1)."""
+        if interpreting():
+            return INTERPRETER
+        if t.device.type != "cuda":
+            raise ValueError(f"Triton kernels need CUDA tensors (or TRITON_INTERPRET=1), got a {t.device} tensor")
+        return _cuda_target(t.device.index if t.device.index is not None else torch.cuda.current_device())
+
+
+INTERPRETER = Target(None, 4)
+
+
+@lru_cache(maxsize=None)
+def _cuda_target(index: int) -> Target:
+    props = torch.cuda.get_device_properties(index)
+    return Target(props.major * 10 + props.minor, props.multi_processor_count)
+
+
+@dataclass
+class LaunchSpec:
+    """One planned kernel launch: every kernel parameter by name (tensors, ints, floats and constexprs)."""
+
+    name: str
+    kernel: Any  # triton JITFunction (InterpretedFunction under TRITON_INTERPRET=1)
+    grid: tuple[int, ...]
+    args: dict[str, Any]
+    num_warps: int = 4
+    num_stages: int = 1
+    constexpr_names: tuple[str, ...] = field(default=(), init=False)
+
+    def __post_init__(self) -> None:
+        names = list(self.kernel.arg_names)
+        missing = [n for n in names if n not in self.args]
+        extra = [n for n in self.args if n not in names]
+        if missing or extra:
+            raise TypeError(f"{self.name}: launch arguments do not match the kernel: missing {missing}, "
+                            f"unknown {extra}")
+        params = getattr(self.kernel, "params", None)
+        if params is not None:
+            self.constexpr_names = tuple(p.name for p in params if p.is_constexpr)
+
+    def launch(self) -> None:
+        if any(g <= 0 for g in self.grid):
+            return
+        values = [self.args[n] for n in self.kernel.arg_names]
+        self.kernel[self.grid](*values, num_warps=self.num_warps, num_stages=self.num_stages)
+
+    @property
+    def constexprs(self) -> dict[str, Any]:
+        return {n: self.args[n] for n in self.constexpr_names}
+
+
+def jit_runtime_ints(*names: str):
+    """`triton.jit` that does not specialise the named integer parameters (those a kernel has): shapes and
+    windows change from call to call, so one binary serves them all (no `== 1` / `% 16` variants), which is
+    also what makes the compile lane's binaries the ones every call uses."""
+
+    def wrap(fn):
+        params = inspect.signature(fn).parameters
+        return triton.jit(do_not_specialize=[n for n in names if n in params])(fn)
+
+    return wrap
+
+
+def launch_all(specs: list[LaunchSpec]) -> None:
+    for spec in specs:
+        spec.launch()
+
+
+# ----------------------------------------------------------------------------------------------------
+# Fast math (constexpr-gated: FAST=False is the interpreter's path and the accurate reference lowering)
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit
+def exp2(x, FAST: tl.constexpr):
+    """2^x; ex2.approx.ftz.f32 on CUDA (2^-inf = 0, as the masks rely on)."""
+    if FAST:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp2(x)
+
+
+@triton.jit
+def log2(x, FAST: tl.constexpr):
+    """log2(x); lg2.approx.ftz.f32 on CUDA (log2(0) = -inf)."""
+    if FAST:
+        return tl.inline_asm_elementwise("lg2.approx.ftz.f32 $0, $1;", "=r,r", [x], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.log2(x)
+
+
+@triton.jit
+def cos_turns(t, FAST: tl.constexpr):
+    """cos(2π·t) for t in turns: exact reduction r = t − rint(t) ∈ [-½, ½], then cos(2π·r)."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f32 n, r; cvt.rni.f32.f32 n, $1; sub.f32 r, $1, n; mul.f32 r, r, 0f40C90FDB; "
+            "cos.approx.ftz.f32 $0, r; }",
+            "=r,r", [t], dtype=tl.float32, is_pure=True, pack=1)
+    else:
+        r = t - tl.floor(t + 0.5)
+        return tl.cos(6.283185307179586 * r)
+
+
+@triton.jit
+def cos_sin_turns(t, FAST: tl.constexpr):
+    """(cos(2π·t), sin(2π·t)) for t in turns, one shared exact range reduction."""
+    if FAST:
+        return tl.inline_asm_elementwise(
+            "{ .reg .f32 n, r; cvt.rni.f32.f32 n, $2; sub.f32 r, $2, n; mul.f32 r, r, 0f40C90FDB; "
+            "cos.approx.ftz.f32 $0, r; sin.approx.ftz.f32 $1, r; }",
+            "=r,=r,r", [t], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
+    else:
+        r = 6.283185307179586 * (t - tl.floor(t + 0.5))
+        return tl.cos(r), tl.sin(r)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Tiles and masks shared by the attention kernels
+# ----------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Tile:
+    """Tile sizes (query rows x key columns), warps and pipeline stages of one kernel launch."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def strides(t: torch.Tensor, n: int = 3) -> tuple[int, ...]:
+    return tuple(t.stride(i) for i in range(n))
+
+
+def num_splits(target: Target, n_programs: int, kv_len: int, block_n: int) -> int:
+    """Split-K factor for decode: about two programs per SM, at least 4 key blocks per split (1 in the
+    interpreter so the tests exercise the combine step)."""
+    min_blocks = 1 if target.interpreter else 4
+    max_splits = max(1, triton.cdiv(kv_len, block_n * min_blocks))
+    return max(1, min(max_splits, (2 * target.sm_count) // max(1, n_programs), 128))
+
+
+@triton.jit
+def load_tile(ptrs, row_ok, col_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Load a 2-D tile, masking rows / columns only where the constexpr says they can be out of range."""
+    if ROWS:
+        if COLS:
+            return tl.load(ptrs, mask=row_ok[:, None] & col_ok[None, :], other=0.0)
+        else:
+            return tl.load(ptrs, mask=row_ok[:, None], other=0.0)
+    else:
+        if COLS:
+            return tl.load(ptrs, mask=col_ok[None, :], other=0.0)
+        else:
+            return tl.load(ptrs)
+
+
+@triton.jit
+def visible(q_idx2, k_idx2, k_ok2, rb, lb):
+    """Causal / window / bounds visibility: key j is visible to query i iff lb < j − i <= rb and j < Lk."""
+    diff = k_idx2 - q_idx2
+    return (diff <= rb) & (diff > lb) & k_ok2
+
+
+@triton.jit
+def block_range(lo_s, hi_s, qi_lo, qi_hi, off, rb, window, all_masked, BLOCK_N: tl.constexpr):
+    """Key-block schedule of a tile whose rows are queries qi_lo..qi_hi, over keys [lo_s, hi_s) (lo_s a
+    multiple of BLOCK_N); a key j is visible to query i iff off − window < j − i <= rb. Returns
+    (lo, u_lo, u_hi, n_left, n_masked): blocks [u_lo, u_hi) are visible in full to every row (no mask); the
+    n_masked masked blocks are the n_left blocks from lo (window edge), then those from u_hi (diagonal,
+    ragged end). Blocks outside every row's window are never listed. all_masked != 0 (runtime; per-key masks
+    such as padding present) sends every visible block through the masked path."""
+    hi = tl.minimum(hi_s, qi_hi + rb + 1)
+    lo = tl.maximum(lo_s, (tl.maximum(qi_lo + off - window + 1, 0) // BLOCK_N) * BLOCK_N)
+    hi_al = tl.cdiv(hi, BLOCK_N) * BLOCK_N
+    u_lo = tl.cdiv(tl.maximum(qi_hi + off - window + 1, 0), BLOCK_N) * BLOCK_N
+    u_lo = tl.minimum(tl.maximum(u_lo, lo), hi_al)
+    u_hi = (tl.minimum(hi_s, qi_lo + rb + 1) // BLOCK_N) * BLOCK_N
+    u_hi = tl.where(all_masked != 0, u_lo, tl.maximum(tl.minimum(u_hi, hi_al), u_lo))
+    n_left = tl.maximum(u_lo - lo, 0) // BLOCK_N
+    n_right = tl.cdiv(tl.maximum(hi - u_hi, 0), BLOCK_N)
+    return lo, u_lo, u_hi, n_left, n_left + n_right
+
+
+@triton.jit
+def packed_rows(pid_m, pid_bh, H_PROG, GP, GROUP, R, Lq, BLOCK_M: tl.constexpr):
+    """Rows of a forward program (row tile pid_m of head program pid_bh % H_PROG of batch pid_bh // H_PROG).
+    A head program owns GP query heads whose R = GP·Lq rows are packed: row r is query r mod Lq of head
+    hp·GP + r div Lq (GP = 1: plain query tiles; GP = group: GQA-packed decode). Returns (b64, kvh64, row_ok,
+    head64, qi, qi_lo, qi_hi): 64-bit batch / kv-head / per-row head indices, the query index per row, and the
+    smallest / largest query index of the tile (for the key-block schedule)."""
+    b64 = (pid_bh // H_PROG).to(tl.int64)
+    hp = pid_bh % H_PROG
+    kvh64 = ((hp * GP) // GROUP).to(tl.int64)
+    rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < R
+    rows_c = tl.minimum(rows, R - 1)
+    head64 = (hp * GP + rows_c // Lq).to(tl.int64)
+    qi = rows_c % Lq
+    r0 = pid_m * BLOCK_M
+    r1 = tl.minimum(r0 + BLOCK_M, R) - 1
+    same_head = (r0 // Lq) == (r1 // Lq)
+    return b64, kvh64, row_ok, head64, qi, tl.where(same_head, r0 % Lq, 0), tl.where(same_head, r1 % Lq, Lq - 1)
+
+
+@triton.jit
+def store_rows(ptrs, x, row_ok, col_ok, COLS: tl.constexpr):
+    """Store a 2-D tile under its row mask (and column mask when the constexpr says columns can overflow)."""
+    if COLS:
+        tl.store(ptrs, x, mask=row_ok[:, None] & col_ok[None, :])
+    else:
+        tl.store(ptrs, x, mask=row_ok[:, None])
+
+
+# ----------------------------------------------------------------------------------------------------
+# Two helper kernels both families use
+# ----------------------------------------------------------------------------------------------------
+
+
+@triton.jit(do_not_specialize=["n_rows"])
+def _row_dot_kernel(A, B, C, D, OUT, n_rows, W1: tl.constexpr, BW1: tl.constexpr, W2: tl.constexpr,
+                    BW2: tl.constexpr, BLOCK: tl.constexpr):
+    """OUT[r] = Σ A[r]·B[r] (+ Σ C[r]·D[r] when W2 > 0) over contiguous rows of widths W1 / W2, in fp32.
+    The backward's Δ = rowsum(dO∘O) (+ rowsum(dẼ∘Ẽ) for TAPE)."""
+    rows = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    r_ok = rows < n_rows
+    c1 = tl.arange(0, BW1)
+    m1 = r_ok[:, None] & (c1[None, :] < W1)
+    a = tl.load(A + rows[:, None] * W1 + c1[None, :], mask=m1, other=0.0).to(tl.float32)
+    b = tl.load(B + rows[:, None] * W1 + c1[None, :], mask=m1, other=0.0).to(tl.float32)
+    acc = tl.sum(a * b, 1)
+    if W2 > 0:
+        c2 = tl.arange(0, BW2)
+        m2 = r_ok[:, None] & (c2[None, :] < W2)
+        c = tl.load(C + rows[:, None] * W2 + c2[None, :], mask=m2, other=0.0).to(tl.float32)
+        d = tl.load(D + rows[:, None] * W2 + c2[None, :], mask=m2, other=0.0).to(tl.float32)
+        acc += tl.sum(c * d, 1)
+    tl.store(OUT + rows, acc, mask=r_ok)
+
+
+def plan_row_dot(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, target: Target,
+                 c: torch.Tensor | None = None, d: torch.Tensor | None = None) -> LaunchSpec:
+    """Plan OUT = rowsum(a∘b) (+ rowsum(c∘d)) over the last dim; a..d contiguous, out contiguous fp32."""
+    w1 = a.shape[-1]
+    w2 = c.shape[-1] if c is not None else 0
+    n_rows = out.numel()
+    block = 16 if target.interpreter else 64
+    return LaunchSpec(
+        "row_dot", _row_dot_kernel, (triton.cdiv(n_rows, block),),
+        dict(A=a, B=b, C=c if c is not None else a, D=d if d is not None else b, OUT=out, n_rows=n_rows,
+             W1=w1, BW1=pow2(w1), W2=w2, BW2=pow2(max(w2, 1)), BLOCK=block),
+        num_warps=4, num_stages=1,
+    )
+
+
+@triton.jit(do_not_specialize=["H", "Lq", "S"])
+def _split_combine_kernel(OS, LSES, O, LSE, H, Lq, S,
+                          stride_osb, stride_osh, stride_oss, stride_osm,
+                          stride_lsb, stride_lsh, stride_lss, stride_ob, stride_oh, stride_om,
+                          W: tl.constexpr, BW: tl.constexpr, BLOCK_S: tl.constexpr):
+    """Merge the S split-K partials of one (b, h, query): O_s normalised per split, lse_s their base-2
+    log-sum-exp (−inf for an empty split). O = Σ_s 2^(lse_s − lse)·O_s, lse = log2 Σ_s 2^lse_s (O = 0 and
+    lse = +inf, the backward's "no visible key", when every split is empty). Splits are read BLOCK_S at a time (one binary for any S). LSE is
+    [B, H, Lq] contiguous."""
+    pid = tl.program_id(0)
+    i = pid % Lq
+    bh = pid // Lq
+    b = (bh // H).to(tl.int64)
+    h = (bh % H).to(tl.int64)
+    offs_s = tl.arange(0, BLOCK_S)
+    offs_w = tl.arange(0, BW)
+    lse_b = LSES + b * stride_lsb + h * stride_lsh + i
+    o_b = OS + b * stride_osb + h * stride_osh + i * stride_osm
+    m = tl.full([BLOCK_S], float("-inf"), tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        m = tl.maximum(m, tl.load(lse_b + (s0 + offs_s) * stride_lss, mask=s0 + offs_s < S, other=float("-inf")))
+    m_max = tl.max(m, 0)
+    m_use = tl.where(m_max == float("-inf"), 0.0, m_max)
+    tot = tl.zeros([BLOCK_S], tl.float32)
+    acc = tl.zeros([BW], tl.float32)
+    for s0 in range(0, S, BLOCK_S):
+        s_ok = s0 + offs_s < S
+        w = tl.exp2(tl.load(lse_b + (s0 + offs_s) * stride_lss, mask=s_ok, other=float("-inf")) - m_use)
+        tot += w
+        o_s = tl.load(o_b + (s0 + offs_s)[:, None] * stride_oss + offs_w[None, :],
+                      mask=s_ok[:, None] & (offs_w[None, :] < W), other=0.0)
+        acc += tl.sum(o_s * w[:, None], 0)
+    total = tl.sum(tot, 0)
+    has = total > 0.0
+    tl.store(LSE + pid.to(tl.int64), tl.where(has, m_use + tl.log2(tl.where(has, total, 1.0)), float("inf")))
+    tl.store(O + b * stride_ob + h * stride_oh + i * stride_om + offs_w,
+             (acc / tl.where(has, total, 1.0)).to(O.dtype.element_ty), mask=offs_w < W)
+
+
+def plan_split_combine(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torch.Tensor,
+                       lse: torch.Tensor) -> LaunchSpec:
+    """o_parts [B, H, S, Lq, W] (last dim contiguous), lse_parts [B, H, S, Lq] → out [B, H, Lq, W], lse [B, H, Lq]."""
+    B, H, S, Lq, W = o_parts.shape
+    return LaunchSpec(
+        "split_combine", _split_combine_kernel, (B * H * Lq,),
+        dict(OS=o_parts, LSES=lse_parts, O=out, LSE=lse, H=H, Lq=Lq, S=S,
+             stride_osb=o_parts.stride(0), stride_osh=o_parts.stride(1), stride_oss=o_parts.stride(2),
+             stride_osm=o_parts.stride(3), stride_lsb=lse_parts.stride(0), stride_lsh=lse_parts.stride(1),
+             stride_lss=lse_parts.stride(2), stride_ob=out.stride(0), stride_oh=out.stride(1),
+             stride_om=out.stride(2), W=W, BW=pow2(W), BLOCK_S=16),
+        num_warps=4, num_stages=1,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------
+# Compiling a launch spec for a GPU that is not there, and reading the binary
+# ----------------------------------------------------------------------------------------------------
+
+
+def _tool(name: str) -> str:
+    from triton.backends.nvidia import compiler as nvidia
+
+    path = os.path.join(os.path.dirname(nvidia.__file__), "bin", name)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{name} not found at {path}: the Triton wheel ships it under "
+                                "triton/backends/nvidia/bin (reinstall triton)")
+    return path
+
+
+def compile_inputs(spec: LaunchSpec, arch: int) -> tuple[Any, dict, Any]:
+    """(ASTSource, options dict, GPUTarget) exactly as `spec.kernel[grid](...)` would build them on an sm_<arch>
+    device: signature, constexprs and divisibility attributes come from Triton's own argument binder (pointers
+    of the planned tensors, which the lane allocates on the meta device, count as 16-byte aligned)."""
+    from triton import knobs
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource, make_backend
+    from triton.runtime.jit import JITFunction, create_function_from_signature
+
+    kernel = spec.kernel
+    if not isinstance(kernel, JITFunction):
+        raise TypeError(f"{spec.name}: {type(kernel).__name__} cannot be compiled for a GPU; unset "
+                        "TRITON_INTERPRET before importing the kernels")
+    target = GPUTarget("cuda", arch, 32)
+    backend = make_backend(target)
+    kwargs = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
+    kwargs["debug"] = kernel.debug or knobs.runtime.debug
+    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
+    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    binder = create_function_from_signature(kernel.signature, kernel.params, backend)
+    bound_args, specialization, _ = binder(*[spec.args[n] for n in kernel.arg_names], **kwargs)
+    options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, kwargs)
+    return ASTSource(kernel, signature, constexprs, attrs), options.__dict__, target
+
+
+def compile_spec(spec: LaunchSpec, arch: int) -> Any:
+    """Compile one planned launch for sm_<arch> (PTX and cubin via the bundled ptxas; no GPU needed).
+    Binaries are cached by Triton under TRITON_CACHE_DIR, keyed by the kernel source and options."""
+    src, options, target = compile_inputs(spec, arch)
+    return triton.compile(src, target=target, options=options)
+
+
+@dataclass(frozen=True)
+class Resources:
+    """Per-thread registers, spill memory (local/stack bytes) and shared memory of one compiled kernel."""
+
+    registers: int
+    stack: int
+    local: int
+    shared: int  # bytes the launch requests (Triton's metadata.shared), checked against SHARED_LIMIT
+
+    @property
+    def spills(self) -> int:
+        return self.stack + self.local
+
+
+def _write_cubin(compiled: Any, directory: str) -> str:
+    path = os.path.join(directory, f"{compiled.metadata.name}.cubin")
+    with open(path, "wb") as fh:
+        fh.write(compiled.asm["cubin"])
+    return path
+
+
+def resources(compiled: Any) -> Resources:
+    """Read registers / STACK / LOCAL with the bundled `cuobjdump -res-usage`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _write_cubin(compiled, tmp)
+        out = subprocess.run([_tool("cuobjdump"), "-res-usage", path], capture_output=True, text=True,
+                             check=True).stdout
+    m = re.search(r"Function\s+(\S+):\s*\n\s*REG:(\d+)\s+STACK:(\d+)\s+SHARED:\d+\s+LOCAL:(\d+)", out)
+    if m is None:
+        raise RuntimeError(f"could not parse cuobjdump -res-usage output:\n{out}")
+    return Resources(int(m.group(2)), int(m.group(3)), int(m.group(4)), int(compiled.metadata.shared))
+
+
+def sass(compiled: Any) -> str:
+    """SASS of the compiled kernel (bundled nvdisasm)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = _write_cubin(compiled, tmp)
+        return subprocess.run([_tool("nvdisasm"), "-c", path], capture_output=True, text=True, check=True).stdout
