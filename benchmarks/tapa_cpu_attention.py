@@ -128,7 +128,8 @@ def memory_case(name: str, L: int, mode: str) -> dict:
 
 
 def measure_memory(name: str, L: int, mode: str, threads: int) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-case", name, str(L), mode, "--threads", str(threads)]
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--memory-case", name, str(L), mode,
+           "--threads", str(threads)]
     proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f"memory case {name} L={L} {mode} failed:\n{proc.stderr[-2000:]}")
@@ -157,7 +158,8 @@ def bench(L: int, mode: str, repeats: int, threads: int, measure_mem: bool) -> d
     if "median_s" in rows["tapa_reference"]:
         ratios["reference_over_chunked_time"] = rows["tapa_reference"]["median_s"] / chunk["median_s"]
         if measure_mem:
-            ratios["reference_over_chunked_peak_rss"] = rows["tapa_reference"]["peak_rss_bytes"] / chunk["peak_rss_bytes"]
+            ref_peak = rows["tapa_reference"]["peak_rss_bytes"]
+            ratios["reference_over_chunked_peak_rss"] = ref_peak / chunk["peak_rss_bytes"]
     return {"L": L, "mode": mode, "results": rows, "ratios": ratios}
 
 

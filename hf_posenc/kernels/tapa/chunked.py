@@ -351,7 +351,7 @@ def _forward_rows(ops: _Operands, plan: _Plan, i0: int, i1: int, out: torch.Tens
     """Online softmax of query block [i0, i1) over its key blocks; writes its rows of `out` and `lse`."""
     B, Hkv, G, D = plan.B, plan.Hkv, plan.G, plan.D
     rows = (i1 - i0) * G
-    # a finite start: exp2(s − m) of a fully masked block is exp2(−inf) = 0 without special-casing −inf − (−inf)
+    # a finite start: exp2(s − m) of a fully masked block is exp2(−inf) = 0, no special case for −inf − (−inf)
     m = torch.full((B * Hkv, rows), NO_SCORE, dtype=plan.dtype, device=plan.device)
     l = torch.zeros(B * Hkv, rows, dtype=plan.dtype, device=plan.device)
     acc = torch.zeros(B * Hkv, rows, D, dtype=plan.dtype, device=plan.device)
