@@ -7,22 +7,28 @@ frequencies (so TAPE composes with CoPE, p-RoPE or YaRN). In each layer:
 * token mixing (eq. 6): queries and keys are multiplied by their token's state, ``q ⊙ z`` in RoPE's rotate-half
   form, so a logit depends on E only through z_i·conj(z_j) (invariant to a common rotation: eq. 4);
 * attention-side update (eq. 7): the same softmax mixes the states, Ẽ = P·E. E rides along as extra value
-  channels, so the KV cache stores the states of past keys; eager computes P·[V | E] in one call, the fused
-  backends (sdpa, flex, flash) make a second call with the same q, k and mask so that O stays bit-identical to
-  the stock model (the fused Triton kernel in ``hf_posenc.kernels.tape`` does both in one pass); a
-  zero-initialised head-mixing map (query heads → key/value heads) adds it back: E ← E + W_att·Ẽ;
+  channels, so the KV cache stores the states of past keys (in the layers that mix them: 1.5× the plain cache
+  there). Eager computes P·[V | E] in one call; the fused backends (sdpa, flex, flash) make a second call with the
+  same q, k and mask so that O stays bit-identical to the stock model, or, with attention dropout, one call over
+  [V | E] so that one dropout mask acts on both (see :func:`mix_values_and_states`); the fused Triton kernel in
+  ``hf_posenc.kernels.tape`` does both in one pass. A zero-initialised head-mixing map (query heads → key/value
+  heads) adds it back: E ← E + W_att·Ẽ;
 * MLP-side update (eq. 8): E ← E + W₂·(silu(W_ψ·m) ⊙ W₁·E), with m the token MLP's output, W₁/W₂ acting on the
   head axis and shared over frequencies and re/im (equivariant, eq. 5); W₂ starts at zero.
 
-With W_att = W₂ = 0 the patched model is bit-identical to the original (§3.3). The state travels between decoder
-layers packed after the hidden features of the layer input, so gradient checkpointing (reentrant or not) passes
-it as a tensor argument and every TAPE parameter gets its gradient; the last layer drops it.
+With W_att = W₂ = 0 the patched model is bit-identical to the original (§3.3). The states travel between decoder
+layers as a second tensor beside the hidden features (:class:`TapeLayerMixin`): gradient checkpointing (reentrant
+or not) tracks them, ``output_hidden_states`` returns the hidden features alone, :func:`record_tape_states` reads
+the states, and ``output_attentions`` returns the attention maps under eager attention. The last layer (per
+rotary layer type in Gemma3) computes no Ẽ: no later layer reads it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
@@ -127,23 +133,33 @@ class TapeBlock(nn.Module):
         nn.init.normal_(self.w_psi.weight, std=init_std)
         nn.init.normal_(self.w1.weight, std=1.0 / math.sqrt(kv_heads))
 
-    @staticmethod
-    def _over_heads(linear: nn.Linear, e: torch.Tensor) -> torch.Tensor:
-        """Apply ``linear`` along the head axis of [..., heads, channels] (shared over channels: equivariant)."""
-        return linear(e.transpose(-1, -2)).transpose(-1, -2)
-
     def attention_update(self, e: torch.Tensor, e_tilde: torch.Tensor) -> torch.Tensor:
-        """Eq. 7 folded back with a head-mixing residual: E + W_att·Ẽ (e: [B,S,Hkv,D], e_tilde: [B,S,Hq,D])."""
-        return e + self._over_heads(self.attn_mix, e_tilde)
+        """Eq. 7 folded back with a head-mixing residual: E + W_att·Ẽ (e: [B,S,Hkv,D], e_tilde: [B,S,Hq,D]); W_att
+        acts on the head axis, shared over the channels (equivariant)."""
+        return e + head_map(self.attn_mix) @ e_tilde
 
     def mlp_update(self, e: torch.Tensor, mlp_out: torch.Tensor) -> torch.Tensor:
-        """Eq. 8: E + W₂·(silu(W_ψ·m) ⊙ W₁·E)."""
-        gate = nn.functional.silu(self.w_psi(mlp_out)).unsqueeze(-2)  # [B, S, 1, I]
-        inner = self.w1(e.transpose(-1, -2)) * gate  # [B, S, D, I]
-        return e + self.w2(inner).transpose(-1, -2)
+        """Eq. 8: E + W₂·(silu(W_ψ·m) ⊙ W₁·E), with W₁, W₂ on the head axis, computed as E + (W₂·diag(gate)·W₁)·E:
+        a [Hkv, Hkv] map per token, instead of an I-wide intermediate per channel."""
+        gate = nn.functional.silu(self.w_psi(mlp_out))  # [B, S, I]
+        heads = (head_map(self.w2) * gate.unsqueeze(-2)) @ head_map(self.w1)  # [B, S, Hkv, Hkv]
+        return e + heads @ e
 
 
-# -- the state and its packing ------------------------------------------------------------------------------------
+def head_map(linear: nn.Module) -> torch.Tensor:
+    """The weight matrix of one of a block's head maps (W_att, W₁, W₂), applied directly to the head axis.
+
+    The maps are trained whole (PEFT ``modules_to_save=["tape"]``). An adapter layer wrapped around one (LoRA with
+    ``target_modules="all-linear"``) would be bypassed by reading the weight, so it is refused.
+    """
+    if not isinstance(linear, nn.Linear):
+        raise TypeError(f"tape: the head maps of a TapeBlock must stay plain nn.Linear layers, got "
+                        f"{type(linear).__name__}; keep them out of LoRA's target_modules (train them whole with "
+                        "modules_to_save=['tape'], as hf_posenc.adapters.lora_config does).")
+    return linear.weight
+
+
+# -- the state ------------------------------------------------------------------------------------
 def _layer_types(model_config: Any) -> list[str | None]:
     rope = model_config.rope_parameters
     nested = model_config.nested_rope_parameter_keys(rope)
@@ -163,19 +179,70 @@ def initial_state(rotary: nn.Module, x: torch.Tensor, position_ids: torch.Tensor
 
 
 def rotate(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """x ⊙ z in rotate-half form, per head: x [B,H,S,D], e [B,H,S,D] = [re | im] (RoPE's formula, eq. 6)."""
+    """x ⊙ z per head in RoPE's rotate-half form (eq. 6): x [B, S, H, D], e [B, S, Hkv, D] = [re | im].
+
+    H is a multiple of Hkv: query head h reads the state of key/value head h // (H / Hkv), like its keys. The
+    products and sums are RoPE's ``x·cos + rotate_half(x)·sin`` term by term, so E₀ reproduces RoPE bit for bit.
+    Token-major like the projections, so the rotated tensors keep the memory layout the stock model hands to
+    attention (and attention picks the same kernel path).
+    """
     half = x.shape[-1] // 2
-    cos = torch.cat([e[..., :half], e[..., :half]], dim=-1)
-    sin = torch.cat([e[..., half:], e[..., half:]], dim=-1)
-    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-    return (x * cos) + (rotated * sin)
+    xs = x.unflatten(2, (e.shape[2], -1))  # [B, S, Hkv, group, D]
+    re, im = e[..., :half].unsqueeze(3), e[..., half:].unsqueeze(3)
+    x1, x2 = xs[..., :half], xs[..., half:]
+    return torch.cat([x1 * re - x2 * im, x2 * re + x1 * im], dim=-1).flatten(2, 3)
+
+
+def attention_function(attn: nn.Module):
+    """The model's attention implementation (its own eager function, or the registered one)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = attn.config._attn_implementation
+    if name != "eager":
+        return ALL_ATTENTION_FUNCTIONS[name]
+    stock = next(c for c in type(attn).__mro__ if not issubclass(c, TapeAttentionMixin))  # the family's class
+    return sys.modules[stock.__module__].eager_attention_forward
+
+
+def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor,
+                          attention_mask, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """O = P·V (eq. 6) and Ẽ = P·E (eq. 7) with one attention map P: returns (O, Ẽ, P or None), O and Ẽ as
+    [B, S, Hq, D]. q [B, Hq, S, D]; k, v, e [B, Hkv, L, D] (after the cache).
+
+    * eager, and the fused kernel (``backend="triton"``): one call over [V | E];
+    * other implementations (sdpa, flex, flash) pick another kernel for a value wider than the query, so without
+      dropout they make two calls with the same q, k and mask, and O stays bit-identical to the stock model;
+    * with attention dropout (training), the two calls would draw two masks, while eq. 7 mixes the states with
+      the very P that mixes the values: one call then runs over [V | E] with q and k zero-padded to the value's
+      width (q·k unchanged, the scale passed explicitly), so a single dropout mask acts on both.
+    """
+    d = q.shape[-1]
+    fn = attention_function(attn)
+    name = attn.config._attn_implementation
+    if name in ("eager", ATTN_NAME):  # eager's column-wise matmuls keep O bit-identical to P·V alone
+        out, weights = fn(attn, q, k, torch.cat([v, e], dim=-1), attention_mask, **kwargs)
+        return out[..., :d], out[..., d:], weights
+    if kwargs.get("dropout", 0.0):
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            return nn.functional.pad(t, (0, e.shape[-1]))
+
+        out, weights = fn(attn, pad(q), pad(k), torch.cat([v, e], dim=-1), attention_mask, **kwargs)
+        return out[..., :d], out[..., d:], weights
+    o, weights = fn(attn, q, k, v, attention_mask, **kwargs)
+    e_tilde, _ = fn(attn, q, k, e, attention_mask, **kwargs)
+    return o, e_tilde, weights
 
 
 def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, attention_mask, past_key_values,
-                   **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token mixing (eq. 6) and Ẽ = P·E (eq. 7) in one attention call of the model's own implementation."""
-    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+                   mix_states: bool = True, **kwargs: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Token mixing (eq. 6) and, with ``mix_states``, Ẽ = P·E (eq. 7) through the model's attention implementation.
 
+    e: the state each token carries into this layer, [B, S, Hkv, D]. Returns (attention output after o_proj,
+    attention weights or None, Ẽ [B, S, Hq, D] or None). E rides along as extra value channels, so the KV cache
+    keeps the states of past keys, in layers that mix states (1.5× the plain cache there: D channels per KV head
+    beside V's D); a layer whose update no later layer reads (``mix_states=False``) is plain attention.
+    """
     bsz, seq, _ = hidden.shape
     d = attn.head_dim
     shape = (bsz, seq, -1, d)
@@ -183,30 +250,29 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
     k = attn.k_proj(hidden).view(shape)
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = q.transpose(1, 2), k.transpose(1, 2)
-    v = attn.v_proj(hidden).view(shape).transpose(1, 2)
+    q, k = rotate(q, e).transpose(1, 2), rotate(k, e).transpose(1, 2)
     e_kv = e.transpose(1, 2)  # [B, Hkv, S, D]
-    groups = q.shape[1] // k.shape[1]
-    q = rotate(q, e_kv.repeat_interleave(groups, dim=1))
-    k = rotate(k, e_kv)
-    v = torch.cat([v, e_kv.to(v.dtype)], dim=-1)  # E rides along as value channels (and into the KV cache)
-    if past_key_values is not None:
-        k, v = past_key_values.update(k, v, attn.layer_idx)
+    v = attn.v_proj(hidden).view(shape).transpose(1, 2)
     name = attn.config._attn_implementation
-    fn = sys.modules[type(attn).__module__].eager_attention_forward if name == "eager" else ALL_ATTENTION_FUNCTIONS[name]
+    mix_states = mix_states or name == ATTN_NAME  # the fused kernel always takes [V | E]
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, torch.cat([v, e_kv.to(v.dtype)], dim=-1) if mix_states else v, attn.layer_idx)
+        v, e_kv = (v[..., :d], v[..., d:]) if mix_states else (v, None)
     extra = {}
     if getattr(attn, "sliding_window", None) is not None:
         extra["sliding_window"] = attn.sliding_window
     if getattr(attn.config, "attn_logit_softcapping", None) is not None:
         extra["softcap"] = attn.config.attn_logit_softcapping
     common = dict(dropout=attn.attention_dropout if attn.training else 0.0, scaling=attn.scaling, **extra, **kwargs)
-    if name in ("eager", ATTN_NAME):  # one call: P·[V | E] (eager's column-wise matmuls keep O bit-identical)
-        out, _ = fn(attn, q, k, v, attention_mask, **common)
-        o, e_tilde = out[..., :d], out[..., d:]
-    else:  # fused backends pick other kernels for a wider value: two calls with the same P keep O exact
-        o, _ = fn(attn, q, k, v[..., :d], attention_mask, **common)
-        e_tilde, _ = fn(attn, q, k, v[..., d:], attention_mask, **common)
-    return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), e_tilde
+    if kwargs.get("output_attentions", getattr(attn.config, "output_attentions", False)) and name != "eager":
+        raise ValueError(f"tape: output_attentions=True returns the attention maps only with attn_implementation="
+                         f"'eager' (and backend='auto'); this model computes attention through {name!r}. Load it "
+                         "with attn_implementation='eager' or call model.set_attn_implementation('eager').")
+    if mix_states:
+        o, e_tilde, weights = mix_values_and_states(attn, q, k, v, e_kv.to(v.dtype), attention_mask, **common)
+    else:
+        (o, weights), e_tilde = attention_function(attn)(attn, q, k, v, attention_mask, **common), None
+    return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), weights, e_tilde
 
 
 def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -249,28 +315,50 @@ def register_tape_attention() -> None:
     AttentionMaskInterface.register(ATTN_NAME, tapa_mask)
 
 
-class TapeLayerMixin:
-    """Decoder-layer forward with the TAPE state packed after the hidden features (see module docstring)."""
+class TapeAttentionMixin:
+    """Attention forward of a TAPE layer (:func:`tape_attention`). The layer calls the attention module itself, so
+    Transformers' output hooks record its attention maps (``output_attentions=True``) as for the stock model."""
 
-    def forward(self, hidden_states: torch.Tensor, attention_mask=None, position_ids=None, past_key_values=None,
-                use_cache=False, position_embeddings=None, **kwargs):
+    def forward(self, hidden_states: torch.Tensor, tape_state: torch.Tensor, attention_mask=None,
+                past_key_values=None, mix_states: bool = True, **kwargs):
+        return tape_attention(self, hidden_states, tape_state, attention_mask, past_key_values,
+                              mix_states=mix_states, **kwargs)
+
+
+class TapeLayerMixin:
+    """Decoder-layer forward that carries the positional states beside the hidden features.
+
+    A layer returns ``(hidden, states)`` (states [B, S, T, Hkv, D], one per rotary layer type T) while a later
+    layer reads them, and the hidden features alone from the last layer. Transformers records element 0 of a
+    layer's output as its hidden state, so ``output_hidden_states=True`` returns hidden features only; the states
+    are read with :func:`record_tape_states`. ``__call__`` hands both tensors to ``forward`` as positional
+    arguments, so gradient checkpointing (reentrant or not) tracks both and every TAPE parameter gets its gradient.
+    """
+
+    def __call__(self, hidden_states, *args, **kwargs):
+        if isinstance(hidden_states, tuple):  # (hidden, states) from the previous layer
+            return super().__call__(*hidden_states, *args, **kwargs)
+        return super().__call__(hidden_states, *args, **kwargs)
+
+    def forward(self, hidden_states: torch.Tensor, tape_states: torch.Tensor | None = None, attention_mask=None,
+                position_ids=None, past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
         ctx = self._tape_ctx
-        size = ctx["hidden_size"]
-        kv_heads, d, types = ctx["kv_heads"], ctx["head_dim"], ctx["layer_types"]
-        x = hidden_states[..., :size]
-        if hidden_states.shape[-1] == size:  # first layer: E₀ from the model's rotary frequencies
+        x, states = hidden_states, tape_states
+        if states is None:  # first layer: E₀ from the model's rotary frequencies
             if position_ids is None:
                 position_ids = torch.arange(x.shape[1], device=x.device)[None]
-            states = initial_state(ctx["decoder"].rotary_emb, x, position_ids, types, kv_heads).to(x.dtype)
-        else:
-            states = hidden_states[..., size:].unflatten(-1, (len(types), kv_heads, d))
-        t = _state_index(self.self_attn.config, types, self.self_attn.layer_idx)
+            states = initial_state(ctx["decoder"].rotary_emb, x, position_ids, ctx["layer_types"],
+                                   ctx["kv_heads"]).to(x.dtype)
+        t = _state_index(self.self_attn.config, ctx["layer_types"], self.self_attn.layer_idx)
         e = states[:, :, t]
+        if ctx.get("recorder") is not None:
+            ctx["recorder"].append(e)
+        tape = getattr(self, "tape", None)  # None: no later layer reads this layer's update
 
         residual = x
-        h = self.input_layernorm(x)
-        h, e_tilde = tape_attention(self.self_attn, h, e, attention_mask, past_key_values, position_ids=position_ids,
-                                    use_cache=use_cache, **kwargs)
+        h, _, e_tilde = self.self_attn(self.input_layernorm(x), e, attention_mask=attention_mask,
+                                       past_key_values=past_key_values, mix_states=tape is not None,
+                                       position_ids=position_ids, use_cache=use_cache, **kwargs)
         if hasattr(self, "pre_feedforward_layernorm"):  # Gemma2/Gemma3 sandwich norms
             h = self.post_attention_layernorm(h)
             x = residual + h
@@ -280,12 +368,35 @@ class TapeLayerMixin:
             x = residual + h
             m = self.mlp(self.post_attention_layernorm(x))
             x = x + m
-        tape = getattr(self, "tape", None)
-        if tape is None:  # no later layer reads this state (the last layer, or the last of its type)
-            return x if self is ctx["decoder"].layers[-1] else torch.cat([x, states.flatten(2)], dim=-1)
+        if tape is None:  # the last layer, or the last of its type (Gemma3)
+            return x if self is ctx["decoder"].layers[-1] else (x, states)
         e = tape.mlp_update(tape.attention_update(e, e_tilde), m)
         states = torch.cat([states[:, :, :t], e[:, :, None], states[:, :, t + 1 :]], dim=2)
-        return torch.cat([x, states.flatten(2)], dim=-1)
+        return x, states
+
+
+@contextlib.contextmanager
+def record_tape_states(model: nn.Module) -> Iterator[list[torch.Tensor]]:
+    """Collect the positional state each decoder layer reads, during the forward passes run inside the block.
+
+    Yields a list that receives one tensor per layer and pass, in layer order: E [B, S, Hkv, D] with channels
+    ``[re_0 … re_{F−1}, im_0 … im_{F−1}]`` (eq. 6–8; the first layer's is E₀ from the rotary frequencies)::
+
+        with record_tape_states(model) as states:
+            model(input_ids)
+    """
+    layers = [layer for layer in _decoder(model).layers if isinstance(layer, TapeLayerMixin)]
+    if not layers:
+        raise ValueError("record_tape_states: the model has no TAPE layers; patch it first with "
+                         "hf_posenc.patch_model(model, 'tape').")
+    ctx = layers[0]._tape_ctx
+    if ctx.get("recorder") is not None:
+        raise RuntimeError("record_tape_states: already recording this model's states; do not nest the blocks.")
+    ctx["recorder"] = states = []
+    try:
+        yield states
+    finally:
+        ctx["recorder"] = None
 
 
 def _state_index(config: Any, layer_types: list, layer_idx: int) -> int:
@@ -293,13 +404,14 @@ def _state_index(config: Any, layer_types: list, layer_idx: int) -> int:
     return layer_types.index(config.layer_types[layer_idx]) if len(layer_types) > 1 else 0
 
 
-_LAYER_CLASSES: dict[type, type] = {}
+_CLASSES: dict[tuple[type, type], type] = {}
 
 
-def _tape_layer_class(cls: type) -> type:
-    if cls not in _LAYER_CLASSES:
-        _LAYER_CLASSES[cls] = type(f"Tape{cls.__name__}", (TapeLayerMixin, cls), {"__module__": __name__})
-    return _LAYER_CLASSES[cls]
+def _tape_class(mixin: type, cls: type) -> type:
+    """``cls`` with the TAPE forward of ``mixin`` (one class per stock class, so isinstance checks still hold)."""
+    if (mixin, cls) not in _CLASSES:
+        _CLASSES[mixin, cls] = type(f"Tape{cls.__name__}", (mixin, cls), {"__module__": __name__})
+    return _CLASSES[mixin, cls]
 
 
 def _decoder(model: nn.Module) -> nn.Module:
@@ -329,14 +441,17 @@ def install_tape(model: nn.Module, scheme: TAPEConfig) -> None:
             ref = next(layer.parameters())
             layer.tape = TapeBlock(config.hidden_size, q_heads, kv_heads, intermediate,
                                    getattr(config, "initializer_range", 0.02)).to(device=ref.device, dtype=ref.dtype)
-        layer.__class__ = _tape_layer_class(type(layer))
+        if not isinstance(layer, TapeLayerMixin):
+            layer.__class__ = _tape_class(TapeLayerMixin, type(layer))
+            layer.self_attn.__class__ = _tape_class(TapeAttentionMixin, type(layer.self_attn))
         layer._tape_ctx = ctx
 
 
 def uninstall_tape(model: nn.Module) -> None:
     for layer in _decoder(model).layers:
-        if isinstance(layer, TapeLayerMixin):
-            layer.__class__ = type(layer).__mro__[2]
+        for module, mixin in ((layer, TapeLayerMixin), (layer.self_attn, TapeAttentionMixin)):
+            if isinstance(module, mixin):
+                module.__class__ = type(module).__mro__[2]
         for name in ("tape", "_tape_ctx"):
             if hasattr(layer, name):
                 delattr(layer, name)
