@@ -310,6 +310,14 @@ def test_run_tasks_order_errors_and_thread_setting(threads):
     with pytest.raises(RuntimeError, match="task failed"):
         cpu_parallel.run_tasks([lambda: 1, boom])
     assert torch.get_num_threads() == 2
+    assert cpu_parallel.run_tasks([torch.get_num_threads] * 3, threads=1) == [1] * 3  # inline, single-threaded
+    with pytest.raises(RuntimeError, match="task failed"):
+        cpu_parallel.run_tasks([boom], threads=1)
+    assert torch.get_num_threads() == 2
+    q, k, v = _qkv(1, 2, 1, 5, 9, 8, dtype=torch.float32, seed=45)
+    assert chunked_module.is_small(q, k)
+    tapa_attention_chunked(q, k, v)  # small: planning and blocks single-threaded, then the setting is back
+    assert torch.get_num_threads() == 2
 
 
 # --------------------------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ so training memory is O(N) too. Layout and cost:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import threading
@@ -40,7 +41,7 @@ from typing import Iterator
 
 import torch
 
-from ..cpu_parallel import run_tasks
+from ..cpu_parallel import run_tasks, single_threaded
 from .naive import TapaArgs, validate_tapa_args
 
 TWO_PI = 2.0 * math.pi
@@ -75,6 +76,11 @@ class _Block:
     scale: torch.Tensor  # [B', 1, BM, 1, BN]: c_P·d^α
 
 
+def is_small(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """Few enough scores to run on the calling thread with single-threaded ops (planning included)."""
+    return q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2] < PARALLEL_MIN_SCORES
+
+
 class _Plan:
     """Shapes, block schedule, distance table and masks derived once from the validated arguments; shared by
     the forward and the backward."""
@@ -99,7 +105,7 @@ class _Plan:
         self._positions()
         self._key_block_flags()
         self._bands: dict[tuple, torch.Tensor] = {}
-        self.threads = 1 if self.B * self.Hq * self.Lq * self.Lk < PARALLEL_MIN_SCORES else None
+        self.threads = 1 if is_small(q, k) else None
 
     # -- distances -------------------------------------------------------------------------------------------
     def _positions(self) -> None:
@@ -290,8 +296,8 @@ class _Operands:
 
     qa: torch.Tensor  # [B, Hkv, Lq, G, Da]
     qp: torch.Tensor  # [B, Hkv, Lq, G, Dp], or [B, Hkv, Lq, G] row sums (linear phase)
-    ka: torch.Tensor  # [B, Hkv, Lk, Da]
-    kp: torch.Tensor  # [B, Hkv, Lk, Dp], or [B, Hkv, Lk] row sums (linear phase)
+    ka: torch.Tensor  # [B, Hkv, Lk, Da] (a view of k)
+    kp: torch.Tensor  # [B, Hkv, Lk, Dp] (a view of k), or [B, Hkv, Lk] row sums (linear phase)
     v: torch.Tensor  # [B, Hkv, Lk, D]
 
 
@@ -300,8 +306,8 @@ def _operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan) ->
     qa = plan.rows(q[..., : plan.Da]) * (plan.c_a * LOG2E)  # s·log2(e) = (c_A·log2(e)·q_A)·k_A·cos(2πr)
     qp = plan.rows(q[..., plan.Da :])
     kc = k.to(plan.dtype)
-    ka = kc[..., : plan.Da].contiguous()
-    kp = kc[..., plan.Da :].contiguous()
+    ka = kc[..., : plan.Da]  # strided views (row stride D): BLAS reads them as they are, no copy of the keys
+    kp = kc[..., plan.Da :]
     if plan.args.linear:
         qp, kp = qp.sum(-1), kp.sum(-1)
     return _Operands(qa, qp, ka, kp, v.to(plan.dtype).contiguous())
@@ -450,10 +456,15 @@ def _backward_rows(ops: _Operands, plan: _Plan, i0: int, i1: int, lse: torch.Ten
             _flat(dkp[:, :, j0:j1]).baddbmm_(g_p.transpose(1, 2), qp_b)
 
 
+def _threads_for(plan: _Plan) -> contextlib.AbstractContextManager:
+    return single_threaded() if plan.threads == 1 else contextlib.nullcontext()
+
+
 class _ChunkedTapa(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan) -> torch.Tensor:
-        with torch.autocast(q.device.type, enabled=False):  # the compute dtype is chosen here, in every thread
+        # autocast off: the compute dtype is chosen here, in every thread
+        with torch.autocast(q.device.type, enabled=False), _threads_for(plan):
             ops = _operands(q, k, v, plan)
             out, lse = _forward(ops, plan)
         result = out.view(q.shape).to(q.dtype)
@@ -466,7 +477,7 @@ class _ChunkedTapa(torch.autograd.Function):
     def backward(ctx, dout: torch.Tensor):
         q, k, v, result, lse = ctx.saved_tensors
         plan: _Plan = ctx.plan
-        with torch.autocast(q.device.type, enabled=False):
+        with torch.autocast(q.device.type, enabled=False), _threads_for(plan):
             ops = _operands(q, k, v, plan)  # recomputed: O(N), so only the inputs are kept between the passes
             dqa, dqp, dka, dkp, dv = _backward(ops, plan, result, lse, dout)
         if plan.args.linear:
@@ -509,5 +520,6 @@ def tapa_attention_chunked(
         k_positions=k_positions, key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids,
         k_segment_ids=k_segment_ids, sliding_window=sliding_window,
     )
-    plan = _Plan(q, k, args, block_q, block_k)
+    with single_threaded() if is_small(q, k) else contextlib.nullcontext():  # the planning's small ops too
+        plan = _Plan(q, k, args, block_q, block_k)
     return _ChunkedTapa.apply(q, k, v, plan)
