@@ -27,6 +27,7 @@ register_tape_attention()
 from .patches import ADAPTERS  # noqa: E402  (registers the patched model types)
 from .patching import get_scheme, patch_model  # noqa: E402
 from .export import export_stock  # noqa: E402
+from .gguf_export import export_gguf  # noqa: E402
 from .hub import push_to_hub  # noqa: E402
 
 __version__ = LIBRARY_VERSION
@@ -47,6 +48,7 @@ def _guard_peft() -> None:
 _guard_peft()
 
 __all__ = [
-    "patch_model", "get_scheme", "export_stock", "push_to_hub", "make_scheme", "SCHEMES", "ADAPTERS", "SchemeConfig",
+    "patch_model", "get_scheme", "export_stock", "export_gguf", "push_to_hub", "make_scheme", "SCHEMES", "ADAPTERS",
+    "SchemeConfig",
     "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "TAPAConfig", "TAPEConfig", "FORMAT_VERSION", "__version__",
 ]

@@ -99,6 +99,14 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_stock
     from .models import load_model
 
+    if args.gguf is not None:  # OUTPUT is a GGUF file for llama.cpp (export_gguf refuses an existing one)
+        from .gguf_export import export_gguf
+
+        model = load_model(args.source, args.gguf_file)
+        export_gguf(model, args.output, args.gguf, tokenizer=_source_tokenizer(args), llama_cpp=args.llama_cpp,
+                    overwrite=args.overwrite)
+        print(f"exported for llama.cpp ({args.gguf}) -> {args.output}")
+        return 0
     _check_output(args)
     model = load_model(args.source, args.gguf_file)
     export_stock(model, args.output, tokenizer=_source_tokenizer(args), overwrite=args.overwrite)
@@ -147,6 +155,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a patched checkpoint for stock Transformers (no plugin needed)")
     _add_source(p)
     _add_output(p)
+    p.add_argument("--gguf", metavar="QUANT", help="write OUTPUT as a GGUF file for llama.cpp instead: f32, f16, q8_0 "
+                   "or q4_k_m (Llama-architecture frequency schemes)")
+    p.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source directory holding convert_hf_to_gguf.py "
+                   "(default: $HF_POSENC_LLAMA_CPP)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("demo", help="SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text")

@@ -10,7 +10,10 @@
 
 vLLM: it reads ``proportional`` and ``longrope``; for ``longrope`` it ignores ``attention_factor`` and derives the
 attention scale from ``max_position_embeddings / original_max_position_embeddings``, which the export keeps equal
-(scale 1). CoPE over YaRN (attention scale ≠ 1) therefore loads in vLLM with a different attention scale.
+(scale 1). So the written files carry a ``longrope`` attention factor ≠ 1 (CoPE/HardClip over YaRN) in the query/key
+weights instead, with ``attention_factor`` 1; vLLM's ``proportional`` ignores ``factor``, so p-RoPE over PI is written
+as ``longrope``; what vLLM still computes differently (dynamic NTK) is a warning at export time
+(:mod:`hf_posenc.vllm_compat`; measured by ``scripts/serving/vllm_compare.py``).
 """
 
 from __future__ import annotations
@@ -22,20 +25,33 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
 from .io_atomic import atomic_dir
 from .patches import adapter_for
 from .patching import check_patchable, scheme_record
 from .record import RECORD_KEY
 from .schemes.base import FrequencySchemeConfig
-from .schemes.cope import STOCK_INF_FACTOR, clipped_rope_init, taper_factors
+from .schemes.cope import STOCK_INF_FACTOR, taper_factors
+from .vllm_compat import fold_attention_factors, warn_vllm_differences
 
 CLIPPED = ("cope", "hardclip")
 
 
+def frequency_factors(inv_freq: torch.Tensor, theta: float, head_dim: int) -> torch.Tensor:
+    """Per-dimension factors f_i = θ_i / θ'_i that turn RoPE's θ_i = theta^(−2i/d) into ``inv_freq`` θ'
+    (LongRoPE's and llama.cpp's ``rope_freqs`` form); float64, ``STOCK_INF_FACTOR`` where θ'_i = 0."""
+    default = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    inv = inv_freq.double()
+    factors = torch.where(inv > 0, default / inv.clamp_min(1e-300), torch.full_like(inv, float("inf")))
+    return factors.clamp(max=STOCK_INF_FACTOR)
+
+
 def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
     rope_type = params["rope_type"]
-    if rope_type not in CLIPPED:
+    # vLLM's `proportional` ignores `factor`: p-RoPE over PI is written as the same frequencies in `longrope`
+    scaled_prope = rope_type == "proportional" and params.get("factor", 1.0) != 1.0
+    if rope_type not in CLIPPED and not scaled_prope:
         if rope_type.endswith("_dynamic") and rope_type.removesuffix("_dynamic") in CLIPPED:
             raise ValueError(
                 f"{rope_type}: CoPE/HardClip over dynamic NTK has no stock Transformers equivalent (its frequencies "
@@ -44,15 +60,14 @@ def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | N
         return dict(params)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     theta = params["rope_theta"]
-    if params["base_rope_type"] == "default":
+    if params.get("base_rope_type") == "default":
         factors = taper_factors(head_dim // 2, params["clip_low_n"], rope_type == "hardclip")
+        factors = factors.clamp(max=STOCK_INF_FACTOR)
         attention_factor = 1.0
     else:
-        inv_freq, attention_factor = clipped_rope_init(config, None, None, layer_type, hard=rope_type == "hardclip")
-        default = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
-        inv = inv_freq.double()
-        factors = torch.where(inv > 0, default / inv.clamp_min(1e-300), torch.full_like(inv, float("inf")))
-    factors = factors.clamp(max=STOCK_INF_FACTOR).tolist()
+        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, None, None, layer_type)
+        factors = frequency_factors(inv_freq, theta, head_dim)
+    factors = factors.tolist()
     return {
         "rope_type": "longrope",
         "rope_theta": theta,
@@ -100,8 +115,11 @@ def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None, ove
     """
     check_patchable(model)
     stock = stock_config(model)
+    warn_vllm_differences(stock)
+    state_dict = fold_attention_factors(model, stock)  # None when there is nothing to fold (see the docstring)
     with atomic_dir(path, overwrite=overwrite) as tmp:
-        PreTrainedModel.save_pretrained(model, tmp)  # Transformers' own: none of the patched class's remote code
+        # Transformers' own save: none of the patched class's remote code
+        PreTrainedModel.save_pretrained(model, tmp, state_dict=state_dict)
         stock.to_json_file(os.path.join(tmp, "config.json"))
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)

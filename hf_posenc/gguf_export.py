@@ -1,0 +1,262 @@
+"""``export_gguf``: a patched frequency-scheme model as a GGUF file that stock llama.cpp runs with the scheme intact.
+
+llama.cpp rotates chunk i of a query/key by ``pos · θ_i / f_i`` where θ_i = b^(−2i/d) and f_i comes from a
+``rope_freqs`` tensor (how Llama 3.1's scaling is exported; read by the ``llama`` architecture). Every static
+frequency scheme is therefore one vector of factors
+
+    f_i = θ_i / θ'_i      (θ' = the patched inverse frequencies Transformers computes for the model)
+
+which is 1/w_i for CoPE/HardClip over the default base (``cope-clipped-rope`` eq. 10), 1 for p-RoPE's kept
+frequencies, and the combined ratio over linear/YaRN/Llama-3 bases. Where θ'_i = 0 (HardClip, CoPE's last frequency,
+p-RoPE's dropped ones) f_i is a large finite number (3e38, as in the stock export), which makes the angle exactly 0
+in fp32. The rope type's attention scaling (YaRN's mscale, also under CoPE) multiplies cos and sin in both engines
+and is written as ``<arch>.rope.scaling.attn_factor``; no other rope scaling is declared, so llama.cpp applies
+nothing on top.
+
+Steps (nothing is written to ``path`` unless all succeed):
+
+1. refuse what llama.cpp cannot express (schemes that change attention, dynamic NTK, LongRoPE's short/long switch,
+   families whose llama.cpp architecture does not read ``rope_freqs``), before anything is written;
+2. stage the model as a plain Transformers checkpoint with the default rope type and the model's base;
+3. convert it with llama.cpp's own converter (``convert_hf_to_gguf.py``: tensor names, q/k layout, tokenizer and its
+   pre-tokenizer) to f32, f16 or Q8_0;
+4. copy that file through the ``gguf`` package's writer, adding ``rope_freqs.weight``, the attention factor and the
+   scheme record (``hf_posenc.scheme``);
+5. for Q4_K_M, run llama.cpp's quantizer (``llama_model_quantize`` from ``llama-cpp-python``) on the f16 file.
+
+The converter is a script in llama.cpp's source tree (also vendored in ``llama-cpp-python``'s source distribution),
+not part of any installed package: pass its directory as ``llama_cpp=`` or set ``HF_POSENC_LLAMA_CPP``
+(``scripts/serving/setup_llamacpp.sh`` unpacks it to ``build/llama-cpp-python/llama.cpp``).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .export import frequency_factors
+from .patches import adapter_for
+from .patching import check_patchable, scheme_record
+from .schemes.base import FrequencySchemeConfig
+
+# Stock model type -> llama.cpp architecture that reads a per-dimension `rope_freqs` tensor.
+ROPE_FREQS_ARCHS = {"llama": "llama"}
+# Why the other supported families are refused (their llama.cpp architectures).
+NO_ROPE_FREQS = {
+    "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3",
+}
+# Rope types whose frequencies do not depend on the sequence length.
+STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "proportional", "cope", "hardclip")
+# quantization -> the converter's --outtype (Q4_K_M: the f16 file, then llama.cpp's quantizer)
+QUANTIZATIONS = {"f32": "f32", "f16": "f16", "q8_0": "q8_0", "q4_k_m": "f16"}
+LLAMA_CPP_ENV = "HF_POSENC_LLAMA_CPP"
+SCHEME_KEY = "hf_posenc.scheme"
+ROPE_FREQS = "rope_freqs.weight"
+
+
+def _refuse(message: str) -> ValueError:
+    return ValueError(f"export_gguf: {message}")
+
+
+def llama_cpp_arch(config: Any) -> str:
+    """The llama.cpp architecture a model exports to, or a ``ValueError`` saying why it cannot carry the scheme."""
+    stock_type = adapter_for(config.model_type).stock_model_type
+    if stock_type in NO_ROPE_FREQS:
+        raise _refuse(
+            f"llama.cpp runs {stock_type} models as its {NO_ROPE_FREQS[stock_type]!r} architecture, which does not "
+            "read a per-dimension `rope_freqs` tensor, so the scheme's frequencies cannot be expressed (llama.cpp "
+            "would silently run plain RoPE). Supported: Llama-architecture models; for this family use export_stock."
+        )
+    return ROPE_FREQS_ARCHS[stock_type]
+
+
+def gguf_rope_parameters(model_or_config: Any) -> tuple[torch.Tensor, float, float]:
+    """``(factors, attention_factor, rope_theta)``: the ``rope_freqs`` values (float32, head_dim/2 of them) and
+    attention factor that make llama.cpp's rotation equal to the patched model's (see the module docstring).
+
+    Raises ``ValueError`` (naming the reason) for what llama.cpp cannot express.
+    """
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = getattr(model_or_config, "config", model_or_config)
+    record = scheme_record(config)
+    if record is None:
+        raise _refuse("this model carries no hf-posenc scheme; convert it with llama.cpp's convert_hf_to_gguf.py.")
+    if not isinstance(record.scheme, FrequencySchemeConfig):
+        raise _refuse(
+            f"scheme {record.scheme.name!r} changes attention itself (not just the rotary frequencies); llama.cpp has "
+            "no such operation. Publish it with save_pretrained (runs with hf-posenc in Transformers)."
+        )
+    llama_cpp_arch(config)
+    params = config.rope_parameters
+    rope_type = params["rope_type"]
+    if rope_type not in STATIC_ROPE_TYPES:
+        why = {
+            "longrope": "LongRoPE switches between two factor sets by sequence length, and llama.cpp's llama "
+                        "architecture reads a single `rope_freqs`",
+        }.get(rope_type, "its frequencies change with the sequence length (dynamic NTK), while a GGUF `rope_freqs` "
+                         "tensor is fixed")
+        raise _refuse(f"rope type {rope_type!r} cannot be written: {why}. Patch with a static base (e.g. "
+                      "scaling='yarn' or 'linear') to export it.")
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    theta = float(params["rope_theta"])
+    if rope_type == "default":  # plain RoPE (with ABF): llama.cpp's own θ_i
+        return torch.ones(head_dim // 2), 1.0, theta
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, None)
+    if inv_freq.shape != (head_dim // 2,):
+        raise _refuse(f"expected {head_dim // 2} rotary frequencies, got {tuple(inv_freq.shape)} (partial rotary "
+                      "models are not supported).")
+    return frequency_factors(inv_freq, theta, head_dim).float(), float(attention_factor), theta
+
+
+def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
+    """llama.cpp's ``convert_hf_to_gguf.py`` in ``llama_cpp`` (or ``$HF_POSENC_LLAMA_CPP``), checked for use."""
+    where = llama_cpp if llama_cpp is not None else os.environ.get(LLAMA_CPP_ENV)
+    if where is None:
+        raise FileNotFoundError(
+            "export_gguf needs llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/ "
+            f"folders): pass llama_cpp=DIR (a llama.cpp checkout) or set {LLAMA_CPP_ENV}=DIR; "
+            "scripts/serving/setup_llamacpp.sh unpacks one to build/llama-cpp-python/llama.cpp."
+        )
+    script = Path(where).expanduser() / "convert_hf_to_gguf.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} does not exist; llama_cpp / {LLAMA_CPP_ENV} must name a llama.cpp source "
+                                "directory (the one holding convert_hf_to_gguf.py).")
+    if importlib.util.find_spec("sentencepiece") is None:
+        raise ModuleNotFoundError(
+            "llama.cpp's converter imports sentencepiece for every Llama model (even BPE ones); install it: "
+            "pip install sentencepiece"
+        )
+    return script
+
+
+def _stage_checkpoint(model: Any, tokenizer: Any, theta: float, directory: str) -> None:
+    """The model as a stock checkpoint whose rope type is plain RoPE with base ``theta`` (the converter's input)."""
+    from transformers import PreTrainedModel
+
+    from .export import stock_config
+
+    stock = stock_config(model)
+    stock.rope_parameters = {"rope_type": "default", "rope_theta": theta}  # the scheme goes into rope_freqs
+    PreTrainedModel.save_pretrained(model, directory)  # Transformers' own save: no remote code
+    stock.to_json_file(os.path.join(directory, "config.json"))
+    tokenizer.save_pretrained(directory)
+
+
+def _run_converter(script: Path, checkpoint: str, out: str, outtype: str, name: str) -> None:
+    cmd = [sys.executable, str(script), checkpoint, "--outfile", out, "--outtype", outtype, "--model-name", name]
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0 or not os.path.exists(out):
+        tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
+        raise RuntimeError(f"llama.cpp's converter failed (exit {done.returncode}):\n{tail}")
+
+
+def add_rope_freqs(src: str | os.PathLike, dst: str | os.PathLike, factors: torch.Tensor, attention_factor: float,
+                   scheme: dict[str, Any]) -> None:
+    """Copy the GGUF ``src`` to ``dst`` through the ``gguf`` writer, adding ``rope_freqs.weight`` (F32), the rope
+    attention factor (when ≠ 1) and the scheme record; every other key and tensor is copied unchanged."""
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field(gguf.Keys.General.ARCHITECTURE).contents()
+    if any(t.name == ROPE_FREQS for t in reader.tensors):
+        raise ValueError(f"{src} already has a {ROPE_FREQS} tensor (written by llama.cpp's converter for a Llama-3 "
+                         "rope type); the staged checkpoint should have declared plain RoPE.")
+    writer = gguf.GGUFWriter(dst, arch=arch, endianess=reader.endianess)
+    for field in reader.fields.values():
+        if field.name == gguf.Keys.General.ARCHITECTURE or field.name.startswith("GGUF."):
+            continue
+        value_type = field.types[0]
+        sub_type = field.types[-1] if value_type == gguf.GGUFValueType.ARRAY else None
+        writer.add_key_value(field.name, field.contents(), value_type, sub_type=sub_type)
+    if attention_factor != 1.0:
+        writer.add_float32(gguf.Keys.Rope.SCALING_ATTN_FACTOR.format(arch=arch), attention_factor)
+    writer.add_string(SCHEME_KEY, json.dumps(scheme, sort_keys=True))
+    freqs = factors.detach().cpu().numpy().astype(np.float32)
+    for tensor in reader.tensors:
+        writer.add_tensor_info(tensor.name, tensor.data.shape, tensor.data.dtype, tensor.data.nbytes,
+                               tensor.tensor_type)
+    writer.add_tensor_info(ROPE_FREQS, freqs.shape, freqs.dtype, freqs.nbytes, gguf.GGMLQuantizationType.F32)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_ti_data_to_file()
+    for tensor in reader.tensors:
+        writer.write_tensor_data(tensor.data, tensor_endianess=reader.endianess)
+    writer.write_tensor_data(freqs)
+    writer.close()
+
+
+def _quantize_q4_k_m(src: str, dst: str) -> None:
+    try:
+        import llama_cpp
+    except ImportError as e:
+        raise ModuleNotFoundError(
+            "quantization='q4_k_m' runs llama.cpp's quantizer through llama-cpp-python, which is not installed; "
+            "run scripts/serving/setup_llamacpp.sh (or pip install llama-cpp-python), or export f16/q8_0."
+        ) from e
+    params = llama_cpp.llama_model_quantize_default_params()
+    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.nthread = os.cpu_count() or 1
+    status = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+    if status != 0 or not os.path.exists(dst):
+        raise RuntimeError(f"llama.cpp's quantizer failed on {src} (status {status}).")
+
+
+def export_gguf(
+    model: Any,
+    path: str | os.PathLike,
+    quantization: str = "f16",
+    *,
+    tokenizer: Any = None,
+    llama_cpp: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write ``model`` (patched with a frequency scheme) to the GGUF file ``path`` for stock llama.cpp.
+
+    Args:
+        model: a Llama-architecture model patched with CoPE, HardClip, p-RoPE or a RoPE baseline (static rope types).
+        path: the ``.gguf`` file to write (replaced only when the whole export succeeds).
+        quantization: ``"f32"``, ``"f16"``, ``"q8_0"`` (llama.cpp's converter) or ``"q4_k_m"`` (llama.cpp's
+            quantizer, through ``llama-cpp-python``).
+        tokenizer: the model's tokenizer (required: the GGUF file carries the vocabulary).
+        llama_cpp: a llama.cpp source directory holding ``convert_hf_to_gguf.py`` (default ``$HF_POSENC_LLAMA_CPP``).
+        overwrite: replace an existing file at ``path`` (refused otherwise).
+    """
+    check_patchable(model)
+    quantization = quantization.lower()
+    if quantization not in QUANTIZATIONS:
+        raise _refuse(f"quantization must be one of {sorted(QUANTIZATIONS)}, got {quantization!r}.")
+    factors, attention_factor, theta = gguf_rope_parameters(model)
+    if tokenizer is None:
+        raise _refuse("a GGUF file carries the vocabulary: pass tokenizer= (e.g. AutoTokenizer.from_pretrained(...)).")
+    script = find_converter(llama_cpp)
+    path = Path(path)
+    if path.is_dir():
+        raise _refuse(f"{path} is a directory; pass the path of the .gguf file to write.")
+    if path.exists() and not overwrite:
+        raise _refuse(f"{path} exists; pass overwrite=True (--overwrite) to replace it, or choose another path.")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = scheme_record(model)
+    with tempfile.TemporaryDirectory(dir=path.parent, prefix=f".{path.name}.export-") as tmp:
+        checkpoint = os.path.join(tmp, "checkpoint")
+        _stage_checkpoint(model, tokenizer, theta, checkpoint)
+        converted = os.path.join(tmp, "converted.gguf")
+        _run_converter(script, checkpoint, converted, QUANTIZATIONS[quantization], path.stem)
+        with_freqs = os.path.join(tmp, "rope_freqs.gguf")
+        add_rope_freqs(converted, with_freqs, factors, attention_factor, record.to_dict())
+        final = with_freqs
+        if quantization == "q4_k_m":
+            final = os.path.join(tmp, "q4_k_m.gguf")
+            _quantize_q4_k_m(with_freqs, final)
+        os.replace(final, path)
+    return path

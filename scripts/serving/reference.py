@@ -1,0 +1,110 @@
+"""What the serving checks compare: greedy tokens and prompt log-probabilities, measured the same way everywhere.
+
+Imports only torch at module level, so both the project's environment (Transformers + hf-posenc, the reference) and
+vLLM's environment (``vllm_run.py``) use the same code.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+# An essay written for this repository (examples/diagnostics-smollm2): prompts for the comparisons.
+PROMPT_TEXT = ROOT / "examples" / "diagnostics-smollm2" / "text.txt"
+# Another original text of this repository, never used for prompts: held-out perplexity.
+HELD_OUT_TEXT = ROOT / "examples" / "train-smollm2" / "corpus.txt"
+
+
+def scheme_variants() -> dict:
+    """The schemes both serving checks run on SmolLM2 (head dim 64: CoPE/HardClip clip the lowest 10 of 32)."""
+    from hf_posenc import CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig
+
+    return {
+        "rope": RoPEConfig(),
+        "rope-yarn": RoPEConfig(scaling="yarn", factor=2.0),
+        "cope": CoPEConfig(),
+        "hardclip": HardClipConfig(),
+        "prope": PRoPEConfig(p=0.75),
+        "cope-yarn": CoPEConfig(scaling="yarn", factor=2.0),
+    }
+
+
+def prompt_windows(tokenizer, count: int = 3, length: int = 400, text: Path = PROMPT_TEXT) -> list[list[int]]:
+    """``count`` prompts of ``length`` tokens, taken from evenly spaced places in ``text``."""
+    ids = tokenizer(text.read_text(), add_special_tokens=False).input_ids
+    if len(ids) < length:
+        raise ValueError(f"{text} has {len(ids)} tokens, fewer than {length}.")
+    step = (len(ids) - length) // max(count - 1, 1)
+    return [ids[i * step : i * step + length] for i in range(count)]
+
+
+@torch.no_grad()
+def prompt_logprobs(model, prompt: list[int]) -> list[float]:
+    """log p(x_t | x_<t) for t = 1 … len-1, in float64 from the model's logits."""
+    ids = torch.tensor([prompt])
+    logits = model(ids).logits[0].double()
+    return torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+
+
+@torch.no_grad()
+def greedy(model, prompt: list[int], steps: int) -> list[int]:
+    """``steps`` greedy tokens with the KV cache, never stopping at EOS (as vLLM with ``ignore_eos``)."""
+    ids = torch.tensor([prompt])
+    out = model(ids, use_cache=True)
+    tokens = [int(out.logits[0, -1].argmax())]
+    for _ in range(steps - 1):
+        out = model(ids.new_tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+        tokens.append(int(out.logits[0, -1].argmax()))
+    return tokens
+
+
+def model_outputs(model, prompts: list[list[int]], max_tokens: int) -> list[dict]:
+    return [{"greedy": greedy(model, p, max_tokens), "prompt_logprobs": prompt_logprobs(model, p)} for p in prompts]
+
+
+def compare(reference: list[dict], other: list[dict]) -> dict:
+    """Greedy agreement and prompt log-probability differences, over all prompts."""
+    first_diff = []
+    for r, o in zip(reference, other, strict=True):
+        diff = next((i for i, (a, b) in enumerate(zip(r["greedy"], o["greedy"])) if a != b), None)
+        first_diff.append(diff)
+    deltas = [abs(a - b) for r, o in zip(reference, other) for a, b in zip(r["prompt_logprobs"], o["prompt_logprobs"],
+                                                                             strict=True)]
+    return {
+        "greedy_identical": all(d is None for d in first_diff),
+        "first_greedy_difference": first_diff,
+        "max_abs_dlogprob": max(deltas),
+        "mean_abs_dlogprob": sum(deltas) / len(deltas),
+        "logprob_sums": [[sum(r["prompt_logprobs"]), sum(o["prompt_logprobs"])] for r, o in zip(reference, other)],
+    }
+
+
+def perplexity(logprobs: list[float]) -> float:
+    return math.exp(-sum(logprobs) / len(logprobs))
+
+
+def llamacpp_outputs(gguf_path, prompts: list[list[int]], max_tokens: int, n_ctx: int = 1024) -> list[dict]:
+    """The same measurements in llama.cpp (llama-cpp-python): float32 KV cache, no flash attention, 2 threads."""
+    import llama_cpp
+    import numpy as np
+
+    llm = llama_cpp.Llama(model_path=str(gguf_path), n_ctx=n_ctx, n_batch=512, logits_all=True, n_threads=2,
+                          type_k=llama_cpp.GGML_TYPE_F32, type_v=llama_cpp.GGML_TYPE_F32, flash_attn=False,
+                          verbose=False)
+    results = []
+    for prompt in prompts:
+        llm.reset()
+        llm.eval(prompt)
+        scores = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
+        logp = torch.log_softmax(torch.from_numpy(scores[:-1]), -1)
+        logprobs = logp.gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
+        tokens = []
+        for _ in range(max_tokens):
+            tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
+            llm.eval([tokens[-1]])
+        results.append({"greedy": tokens, "prompt_logprobs": logprobs})
+    llm.close()
+    return results

@@ -1,0 +1,91 @@
+"""Run stock checkpoints in vLLM (offline ``LLM`` API, CPU backend) and in the stock Transformers of vLLM's environment.
+
+Runs with the vLLM environment's Python (``scripts/serving/setup_vllm.sh`` builds ``.venv-vllm``), which has no
+hf-posenc: what it loads must be a plain stock checkpoint (``hf_posenc.export_stock``). From this repository it
+imports only ``reference.py`` beside it (torch-only helpers), so both sides measure the same way.
+
+    .venv-vllm/bin/python scripts/serving/vllm_run.py JOBS.json OUT.json
+
+JOBS.json: ``{"max_tokens": 24, "max_model_len": 2048, "jobs": [{"name": ..., "path": checkpoint dir,
+"prompts": [[token ids], ...]}]}``.
+OUT.json gets, per job and prompt, vLLM's greedy continuation and prompt log-probabilities (the log-probability of
+each prompt token after the ones before it), the same from stock Transformers, the timings and the versions.
+Both engines run in float32 with greedy decoding that does not stop at EOS.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib.util
+import json
+import os
+import platform
+import sys
+import time
+
+
+def vllm_outputs(path: str, prompts: list[list[int]], max_tokens: int, max_model_len: int
+                 ) -> tuple[list[dict], float, float]:
+    from vllm import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM(model=path, dtype="float32", max_model_len=max_model_len, enforce_eager=True, skip_tokenizer_init=True,
+              seed=0)
+    loaded = time.perf_counter()
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, prompt_logprobs=0, detokenize=False,
+                            ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    results = []
+    for prompt, out in zip(prompts, outs):
+        logprobs = [entry[token].logprob for token, entry in zip(prompt[1:], out.prompt_logprobs[1:])]
+        results.append({"greedy": list(out.outputs[0].token_ids), "prompt_logprobs": logprobs})
+    done = time.perf_counter()
+    del llm
+    gc.collect()
+    return results, loaded - start, done - loaded
+
+
+def transformers_outputs(path: str, prompts: list[list[int]], max_tokens: int) -> list[dict]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from reference import model_outputs
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    return model_outputs(model, prompts, max_tokens)
+
+
+def versions() -> dict[str, str]:
+    import torch
+    import transformers
+    import vllm
+
+    hf_posenc_installed = importlib.util.find_spec("hf_posenc") is not None  # looked up, never imported
+    return {"vllm": vllm.__version__, "transformers": transformers.__version__, "torch": torch.__version__,
+            "python": platform.python_version(), "hf_posenc_installed": hf_posenc_installed}
+
+
+def main(jobs_path: str, out_path: str) -> None:
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    with open(jobs_path) as f:
+        spec = json.load(f)
+    max_tokens = spec["max_tokens"]
+    results = {"versions": versions(), "jobs": {}}
+    for job in spec["jobs"]:
+        vllm_results, load_s, run_s = vllm_outputs(job["path"], job["prompts"], max_tokens,
+                                                   spec.get("max_model_len", 2048))
+        start = time.perf_counter()
+        stock = transformers_outputs(job["path"], job["prompts"], max_tokens)
+        results["jobs"][job["name"]] = {
+            "vllm": vllm_results, "stock_transformers": stock,
+            "seconds": {"vllm_load": load_s, "vllm_generate": run_s, "stock_transformers": time.perf_counter() - start},
+        }
+        print(f"vllm_run: {job['name']} done (load {load_s:.1f}s, generate {run_s:.1f}s)", file=sys.stderr, flush=True)
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+
+
+if __name__ == "__main__":  # vLLM starts its workers with spawn: the guard keeps them from re-running this
+    if len(sys.argv) != 3:
+        sys.exit("usage: vllm_run.py JOBS.json OUT.json")
+    main(sys.argv[1], sys.argv[2])

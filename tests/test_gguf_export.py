@@ -1,0 +1,223 @@
+"""``export_gguf`` without a llama.cpp runtime: the ``rope_freqs`` factors, the GGUF rewrite read back with the ``gguf``
+package's reader, the refusals, and (when llama.cpp's converter is unpacked) a full export read back.
+Running the files in llama.cpp is ``test_serving_llamacpp.py``."""
+
+import importlib.util
+import json
+import math
+import os
+from pathlib import Path
+
+import gguf
+import numpy as np
+import pytest
+import torch
+
+import hf_posenc
+from hf_posenc.gguf_export import ROPE_FREQS, SCHEME_KEY, add_rope_freqs, export_gguf, gguf_rope_parameters
+from hf_posenc.schemes.cope import STOCK_INF_FACTOR, taper_factors
+from tiny import tiny_model
+
+CONVERTER = Path(__file__).resolve().parents[1] / "build" / "llama-cpp-python" / "llama.cpp"
+SETUP = "run scripts/serving/setup_llamacpp.sh (unpacks llama.cpp's converter and installs sentencepiece)"
+
+SCHEMES = [
+    ("rope", {}),
+    ("rope", {"rope_theta": 1e6}),
+    ("rope", {"scaling": "linear", "factor": 2.0}),
+    ("rope", {"scaling": "yarn", "factor": 4.0}),
+    ("rope", {"scaling": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}),
+    ("cope", {"clip_low_n": 3}),
+    ("hardclip", {"clip_low_n": 2}),
+    ("prope", {"p": 0.5}),
+    ("prope", {"p": 0.75, "scaling": "linear", "factor": 2.0}),
+    ("cope", {"clip_low_n": 3, "rope_theta": 1e6, "scaling": "yarn", "factor": 4.0}),
+    ("hardclip", {"clip_low_n": 2, "scaling": "llama3", "factor": 8.0, "original_max_position_embeddings": 64}),
+]
+
+
+def _ids(scheme, options):
+    return f"{scheme}-" + "-".join(f"{v}" for v in options.values())
+
+
+@pytest.mark.parametrize("scheme, options", SCHEMES, ids=[_ids(*c) for c in SCHEMES])
+def test_rope_freqs_turn_llama_cpps_frequencies_into_the_patched_ones(scheme, options):
+    model = hf_posenc.patch_model(tiny_model("llama"), scheme, **options)
+    factors, attention_factor, theta = gguf_rope_parameters(model)
+    rotary = model.model.rotary_emb
+    head_dim = model.config.head_dim
+    # llama.cpp: θ_i = b^(−2i/d) / f_i (rope_freqs), scaled cos/sin by the attention factor
+    llama_cpp_theta = theta ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim) / factors.double()
+    assert factors.dtype == torch.float32 and factors.shape == (head_dim // 2,)
+    zero = rotary.inv_freq == 0
+    assert torch.all(factors[zero] == STOCK_INF_FACTOR) and torch.all(llama_cpp_theta[zero] < 1e-38)
+    torch.testing.assert_close(llama_cpp_theta[~zero], rotary.inv_freq[~zero].double(), rtol=1e-6, atol=0)
+    assert attention_factor == pytest.approx(rotary.attention_scaling, rel=1e-12)
+    if scheme == "rope" and "scaling" not in options:
+        assert torch.equal(factors, torch.ones(head_dim // 2))  # llama.cpp's own frequencies, untouched
+    if scheme == "cope" and "scaling" not in options:  # the paper's taper, f = 1/w (cope-clipped-rope eq. 10)
+        torch.testing.assert_close(factors, taper_factors(head_dim // 2, 3).clamp(max=STOCK_INF_FACTOR).float(),
+                                   rtol=1e-6, atol=0)
+    if options.get("scaling") == "yarn":
+        assert attention_factor == pytest.approx(0.1 * math.log(4.0) + 1.0)
+
+
+def _tiny_gguf(path):
+    writer = gguf.GGUFWriter(path, arch="llama")
+    writer.add_block_count(2)
+    writer.add_string("general.name", "tiny")
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_array("tokenizer.ggml.tokens", ["a", "b", "c"])
+    writer.add_array("tokenizer.ggml.token_type", [1, 3, 1])
+    g = np.random.default_rng(0)
+    tensors = {"token_embd.weight": g.standard_normal((3, 8)).astype(np.float32),
+               "blk.0.attn_q.weight": g.standard_normal((8, 8)).astype(np.float16)}
+    for name, data in tensors.items():
+        writer.add_tensor(name, data)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return tensors
+
+
+def _fields(reader):
+    return {f.name: f.contents() for f in reader.fields.values() if not f.name.startswith("GGUF.")}
+
+
+@pytest.mark.parametrize("attention_factor", [1.0, 1.1386])
+def test_add_rope_freqs_copies_the_file_and_adds_the_tensor(tmp_path, attention_factor):
+    tensors = _tiny_gguf(tmp_path / "a.gguf")
+    factors = torch.tensor([1.0, 1.5, 40.0, STOCK_INF_FACTOR])
+    add_rope_freqs(tmp_path / "a.gguf", tmp_path / "b.gguf", factors, attention_factor, {"scheme": "cope"})
+    before, after = gguf.GGUFReader(tmp_path / "a.gguf"), gguf.GGUFReader(tmp_path / "b.gguf")
+    added = _fields(after)
+    assert json.loads(added.pop(SCHEME_KEY)) == {"scheme": "cope"}
+    if attention_factor != 1.0:
+        assert added.pop("llama.rope.scaling.attn_factor") == pytest.approx(attention_factor, rel=1e-6)
+    assert added == _fields(before)
+    got = {t.name: t for t in after.tensors}
+    for name, data in tensors.items():
+        assert got[name].tensor_type == before.tensors[[t.name for t in before.tensors].index(name)].tensor_type
+        assert np.array_equal(np.asarray(got[name].data).reshape(data.shape), data)
+    freqs = got[ROPE_FREQS]
+    assert freqs.tensor_type == gguf.GGMLQuantizationType.F32
+    assert np.array_equal(np.asarray(freqs.data), factors.numpy().astype(np.float32))
+    with pytest.raises(ValueError, match="already has a rope_freqs"):
+        add_rope_freqs(tmp_path / "b.gguf", tmp_path / "c.gguf", factors, 1.0, {})
+
+
+def _refusals():
+    return [
+        (lambda: tiny_model("llama"), {}, ValueError, "carries no hf-posenc scheme"),
+        (lambda: hf_posenc.patch_model(tiny_model("llama"), "tapa", backend="reference"), {}, ValueError,
+         "changes attention itself"),
+        (lambda: hf_posenc.patch_model(tiny_model("llama"), "tape"), {}, ValueError, "changes attention itself"),
+        (lambda: hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=2, scaling="dynamic", factor=2.0), {},
+         ValueError, "change with the sequence length"),
+        (lambda: hf_posenc.patch_model(tiny_model("llama"), "rope", scaling="dynamic", factor=2.0), {},
+         ValueError, "change with the sequence length"),
+        (lambda: hf_posenc.patch_model(tiny_model("qwen2"), "cope", clip_low_n=2), {}, ValueError,
+         "'qwen2' architecture, which does not read"),
+        (lambda: hf_posenc.patch_model(tiny_model("gemma3_text"), "prope"), {}, ValueError,
+         "'gemma3' architecture, which does not read"),
+        (lambda: hf_posenc.patch_model(tiny_model("llama"), "cope"), {"quantization": "q3_k"}, ValueError,
+         "quantization must be one of"),
+        (lambda: hf_posenc.patch_model(tiny_model("llama"), "cope"), {"tokenizer": None}, ValueError,
+         "pass tokenizer="),
+    ]
+
+
+REFUSAL_IDS = ["unpatched", "tapa", "tape", "cope-dynamic", "rope-dynamic", "qwen2", "gemma3", "quantization",
+               "no-tokenizer"]
+
+
+@pytest.mark.filterwarnings("ignore:tapa replaces how attention scores are computed")
+@pytest.mark.parametrize("build, kwargs, error, match", _refusals(), ids=REFUSAL_IDS)
+def test_what_llama_cpp_cannot_express_is_refused_before_anything_is_written(tmp_path, build, kwargs, error, match):
+    kwargs = {"tokenizer": object(), "llama_cpp": tmp_path, **kwargs}
+    with pytest.raises(error, match=match):
+        export_gguf(build(), tmp_path / "out.gguf", **kwargs)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_missing_converter_names_the_fix(tmp_path, monkeypatch):
+    monkeypatch.delenv("HF_POSENC_LLAMA_CPP", raising=False)
+    model = hf_posenc.patch_model(tiny_model("llama"), "cope")
+    with pytest.raises(FileNotFoundError, match="setup_llamacpp.sh"):
+        export_gguf(model, tmp_path / "out.gguf", tokenizer=object())
+    with pytest.raises(FileNotFoundError, match="convert_hf_to_gguf.py does not exist"):
+        export_gguf(model, tmp_path / "out.gguf", tokenizer=object(), llama_cpp=tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+# -- a full export through llama.cpp's converter (pure Python; no llama.cpp runtime) --------------------------------
+needs_converter = pytest.mark.skipif(
+    not (CONVERTER / "convert_hf_to_gguf.py").is_file() or importlib.util.find_spec("sentencepiece") is None,
+    reason=f"llama.cpp's converter is not unpacked: {SETUP}",
+)
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer():
+    from hf_posenc.models import load_tokenizer, smollm2_gguf
+
+    return load_tokenizer(*smollm2_gguf())
+
+
+def tiny_llama_with_vocab(tokenizer, scheme, **options):
+    """A two-layer Llama with SmolLM2's vocabulary (llama.cpp's converter needs a tokenizer it recognises)."""
+    model = tiny_model("llama", vocab_size=len(tokenizer), bos_token_id=1, eos_token_id=2, pad_token_id=2)
+    return hf_posenc.patch_model(model, scheme, **options)
+
+
+@needs_converter
+def test_exported_file_carries_the_scheme_in_llama_cpps_layout(tmp_path, smollm2_tokenizer):
+    options = dict(clip_low_n=3, rope_theta=1e6, scaling="yarn", factor=4.0)
+    model = tiny_llama_with_vocab(smollm2_tokenizer, "cope", **options)
+    path = export_gguf(model, tmp_path / "m.gguf", "f32", tokenizer=smollm2_tokenizer, llama_cpp=CONVERTER)
+    assert os.listdir(tmp_path) == ["m.gguf"]  # no staging left behind
+    reader = gguf.GGUFReader(path)
+    fields = _fields(reader)
+    factors, attention_factor, theta = gguf_rope_parameters(model)
+    assert fields["general.architecture"] == "llama"
+    assert fields["llama.rope.freq_base"] == pytest.approx(theta)
+    assert fields["llama.rope.scaling.attn_factor"] == pytest.approx(attention_factor, rel=1e-6)
+    assert "llama.rope.scaling.type" not in fields  # nothing applied on top of rope_freqs
+    assert fields["tokenizer.ggml.pre"] == "smollm" and fields["tokenizer.ggml.model"] == "gpt2"
+    assert json.loads(fields[SCHEME_KEY])["scheme"] == "cope"
+    tensors = {t.name: t for t in reader.tensors}
+    assert np.array_equal(np.asarray(tensors[ROPE_FREQS].data), factors.numpy())
+    # llama.cpp's converter permutes q/k rows from Transformers' half-split rotation to llama.cpp's interleaved pairs
+    q = model.model.layers[0].self_attn.q_proj.weight.detach().numpy()
+    heads = model.config.num_attention_heads
+    permuted = q.reshape(heads, 2, q.shape[0] // heads // 2, -1).swapaxes(1, 2).reshape(q.shape)
+    assert np.array_equal(np.asarray(tensors["blk.0.attn_q.weight"].data), permuted)
+    with pytest.raises(ValueError, match="exists; pass overwrite=True"):
+        export_gguf(model, path, "f32", tokenizer=smollm2_tokenizer, llama_cpp=CONVERTER)
+
+
+@needs_converter
+def test_q8_0_export_quantizes_the_matrices_and_keeps_rope_freqs_f32(tmp_path, smollm2_tokenizer):
+    model = tiny_llama_with_vocab(smollm2_tokenizer, "hardclip", clip_low_n=2)
+    path = export_gguf(model, tmp_path / "m.gguf", "q8_0", tokenizer=smollm2_tokenizer, llama_cpp=CONVERTER)
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
+    assert tensors[ROPE_FREQS].tensor_type == gguf.GGMLQuantizationType.F32
+    assert np.asarray(tensors[ROPE_FREQS].data)[-2:].tolist() == [np.float32(STOCK_INF_FACTOR)] * 2
+
+
+@needs_converter
+def test_cli_export_gguf(tmp_path, smollm2_tokenizer, capsys):
+    from hf_posenc.cli import main
+
+    model = tiny_llama_with_vocab(smollm2_tokenizer, "prope", p=0.5)
+    model.save_pretrained(tmp_path / "patched")
+    smollm2_tokenizer.save_pretrained(tmp_path / "patched")
+    out = tmp_path / "m.gguf"
+    argv = ["export", str(tmp_path / "patched"), str(out), "--gguf", "f16", "--llama-cpp", str(CONVERTER)]
+    assert main(argv) == 0
+    tensors = {t.name: t for t in gguf.GGUFReader(out).tensors}
+    assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.F16
+    assert np.array_equal(np.asarray(tensors[ROPE_FREQS].data), gguf_rope_parameters(model)[0].numpy())
+    assert main(argv) == 2 and "exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err

@@ -1,0 +1,76 @@
+"""``export_gguf`` files run in a real llama.cpp (llama-cpp-python, built from source) give the patched model's outputs.
+
+Skipped only when llama.cpp is absent; ``scripts/serving/setup_llamacpp.sh`` installs it (about 5 minutes to build on
+2 cores). The SmolLM2 measurements over every scheme and quantisation are ``scripts/serving/llamacpp_compare.py``
+(``benchmarks/results/serving-llamacpp-*.json``).
+"""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import hf_posenc
+from hf_posenc.gguf_export import export_gguf
+
+ROOT = Path(__file__).resolve().parents[1]
+CONVERTER = ROOT / "build" / "llama-cpp-python" / "llama.cpp"
+sys.path.insert(0, str(ROOT / "scripts" / "serving"))
+
+from reference import compare, llamacpp_outputs, model_outputs, prompt_windows  # noqa: E402
+from test_gguf_export import smollm2_tokenizer  # noqa: E402,F401  (fixture)
+from tiny import tiny_model  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    importlib.util.find_spec("llama_cpp") is None or not (CONVERTER / "convert_hf_to_gguf.py").is_file(),
+    reason="llama.cpp is not installed: run scripts/serving/setup_llamacpp.sh (builds llama-cpp-python from source "
+           "and unpacks llama.cpp's converter)",
+)
+
+# float32 file, float32 KV cache: llama.cpp and Transformers differ only in summation order and sin/cos rounding.
+F32_TOLERANCE = 1e-4
+SCHEMES = [
+    ("cope", dict(clip_low_n=3)),
+    ("hardclip", dict(clip_low_n=2)),
+    ("prope", dict(p=0.5)),
+    ("rope", dict(scaling="yarn", factor=4.0)),
+    ("rope", dict(scaling="llama3", factor=8.0, original_max_position_embeddings=64)),
+    ("cope", dict(clip_low_n=3, rope_theta=1e5, scaling="yarn", factor=4.0)),
+]
+
+
+def _prompts(count=2, length=96, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(100, 20000, (length,), generator=g).tolist() for _ in range(count)]
+
+
+@pytest.mark.parametrize("scheme, options", SCHEMES, ids=[f"{s}-{'-'.join(map(str, o.values()))}" for s, o in SCHEMES])
+def test_f32_export_runs_the_scheme_in_llama_cpp(tmp_path, smollm2_tokenizer, scheme, options):
+    # larger weights than the default init, so that the scheme moves the outputs far beyond the tolerance
+    kw = dict(vocab_size=len(smollm2_tokenizer), initializer_range=0.15)
+    model = hf_posenc.patch_model(tiny_model("llama", **kw), scheme, **options)
+    plain = tiny_model("llama", **kw)  # the same weights with plain RoPE
+    prompts = _prompts()
+    path = export_gguf(model, tmp_path / "m.gguf", "f32", tokenizer=smollm2_tokenizer, llama_cpp=CONVERTER)
+    got = llamacpp_outputs(path, prompts, max_tokens=1, n_ctx=256)
+    same = compare(model_outputs(model, prompts, 1), got)
+    other = compare(model_outputs(plain, prompts, 1), got)
+    assert same["max_abs_dlogprob"] <= F32_TOLERANCE, same
+    assert other["max_abs_dlogprob"] > 100 * F32_TOLERANCE, other  # the scheme is what llama.cpp ran
+
+
+@pytest.mark.slow
+def test_smollm2_quantized_exports_keep_the_greedy_tokens(tmp_path):
+    from hf_posenc.models import load_smollm2
+
+    model, tokenizer = load_smollm2(dtype=torch.float32)
+    hf_posenc.patch_model(model, "cope")
+    prompts = prompt_windows(tokenizer, count=2, length=300)
+    reference = model_outputs(model, prompts, 16)
+    for quant in ("f16", "q8_0"):
+        path = export_gguf(model, tmp_path / f"{quant}.gguf", quant, tokenizer=tokenizer, llama_cpp=CONVERTER)
+        got = compare(reference, llamacpp_outputs(path, prompts, 16))
+        assert got["greedy_identical"], (quant, got)
+        assert got["mean_abs_dlogprob"] < (0.01 if quant == "f16" else 0.05), (quant, got)
