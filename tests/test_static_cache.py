@@ -86,7 +86,7 @@ def test_static_cache_with_a_left_padded_batch_equals_the_dynamic_cache(scheme):
     ids = random_ids(2, PROMPT)
     mask = torch.ones_like(ids)
     mask[0, :3] = 0
-    kw = dict(attention_mask=mask, max_new_tokens=NEW, do_sample=False, pad_token_id=0, eos_token_id=None,
+    kw = dict(attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0, eos_token_id=None,
               output_logits=True, return_dict_in_generate=True)
     static = model.generate(ids, cache_implementation="static", **kw)
     dynamic = model.generate(ids, **kw)
