@@ -78,7 +78,7 @@ class TAPAConfig(SchemeConfig):
 
 
 def tapa_mask(
-    batch_size: int, q_length: int, kv_length: int, q_offset: int | torch.Tensor = 0, kv_offset: int = 0,
+    batch_size: int, q_length: int, kv_length: int, q_offset: int | torch.Tensor | None = None, kv_offset: int = 0,
     mask_function=None, attention_mask: torch.Tensor | None = None, device: torch.device | str = "cpu",
     **kwargs: Any,
 ) -> torch.Tensor | None:
@@ -92,6 +92,9 @@ def tapa_mask(
     exists and covers only those written keys; :func:`written_keys` drops the rest, so the queries sit at the end
     of the keys exactly as with a dynamic cache.
     """
+    if q_offset is None:  # Transformers passes it since 5.18 (where the query sits in the cache)
+        raise RuntimeError("tapa_mask: Transformers did not pass q_offset; this Transformers version is not "
+                           "supported by hf-posenc's TAPA/TAPE attention (install the version in its requirements).")
     written = int(q_offset) - kv_offset + q_length
     if attention_mask is None:
         return None if written >= kv_length else torch.ones(batch_size, written, dtype=torch.bool, device=device)
