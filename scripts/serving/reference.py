@@ -19,16 +19,21 @@ HELD_OUT_TEXT = ROOT / "examples" / "train-smollm2" / "corpus.txt"
 
 
 def scheme_variants() -> dict:
-    """The schemes both serving checks run on SmolLM2 (head dim 64: CoPE/HardClip clip the lowest 10 of 32)."""
+    """The static schemes both serving checks run on SmolLM2 (head dim 64: CoPE/HardClip clip the lowest 10 of 32;
+    8k context, so Llama-3 scaling with an original length of 2k changes the lowest frequencies)."""
     from hf_posenc import CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig
 
     return {
         "rope": RoPEConfig(),
+        "rope-linear": RoPEConfig(scaling="linear", factor=2.0),
         "rope-yarn": RoPEConfig(scaling="yarn", factor=2.0),
+        "rope-llama3": RoPEConfig(scaling="llama3", factor=4.0, original_max_position_embeddings=2048),
         "cope": CoPEConfig(),
         "hardclip": HardClipConfig(),
         "prope": PRoPEConfig(p=0.75),
+        "prope-linear": PRoPEConfig(p=0.75, scaling="linear", factor=2.0),
         "cope-yarn": CoPEConfig(scaling="yarn", factor=2.0),
+        "hardclip-llama3": HardClipConfig(scaling="llama3", factor=4.0, original_max_position_embeddings=2048),
     }
 
 

@@ -7,7 +7,8 @@ compute the reference here (greedy tokens and prompt log-probabilities in float3
 tokens), then run the export in vLLM's own environment (``vllm_run.py``: vLLM, CPU backend, and the stock
 Transformers vLLM pins, without hf-posenc) and compare. ``cope-yarn-attention-factor`` is the export as it was
 before the attention factor was folded into q/k (``attention_factor`` left in the ``longrope`` config), kept to show
-what vLLM does with it. Writes ``benchmarks/results/serving-vllm-<device>.json``.
+what vLLM does with it; ``rope-dynamic`` is exported with its warning (vLLM computes dynamic NTK differently), to
+measure the difference the warning announces. Writes ``benchmarks/results/serving-vllm-<device>.json``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -80,11 +82,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = args.out or Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
-        jobs, references, exported = [], {}, {}
-        for name, scheme in scheme_variants().items():
+        jobs, references, exported, export_warnings = [], {}, {}, {}
+        from hf_posenc import RoPEConfig
+
+        variants = {**scheme_variants(), "rope-dynamic": RoPEConfig(scaling="dynamic", factor=2.0)}
+        for name, scheme in variants.items():
             model = hf_posenc.patch_model(copy.deepcopy(base), scheme)
             references[name] = model_outputs(model, prompts, MAX_TOKENS)
-            hf_posenc.export_stock(model, work / name, tokenizer=tokenizer)
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                hf_posenc.export_stock(model, work / name, tokenizer=tokenizer)
+            export_warnings[name] = [str(w.message) for w in caught if "vLLM" in str(w.message)]
             jobs.append({"name": name, "path": str(work / name), "prompts": prompts})
             if name == "cope-yarn":
                 export_unfolded(model, work / f"{name}-attention-factor")
@@ -105,6 +113,7 @@ def main() -> None:
         vs_vllm, vs_stock = compare(ref, got["vllm"]), compare(ref, got["stock_transformers"])
         results[name] = {
             "exported_rope_parameters": exported[name],
+            "export_warnings": export_warnings.get(name, []),
             "vllm_vs_reference": vs_vllm,
             "stock_transformers_vs_reference": vs_stock,
             "vllm_identical": vs_vllm["greedy_identical"] and vs_vllm["max_abs_dlogprob"] <= LOGPROB_TOLERANCE,
