@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
 from .export import frequency_factors
 from .patches import adapter_for
@@ -85,8 +86,6 @@ def gguf_rope_parameters(model_or_config: Any) -> tuple[torch.Tensor, float, flo
 
     Raises ``ValueError`` (naming the reason) for what llama.cpp cannot express.
     """
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
     config = getattr(model_or_config, "config", model_or_config)
     record = scheme_record(config)
     if record is None:
