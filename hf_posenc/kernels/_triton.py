@@ -126,6 +126,9 @@ class LaunchSpec:
         params = getattr(self.kernel, "params", None)
         if params is not None:
             self.constexpr_names = tuple(p.name for p in params if p.is_constexpr)
+        else:  # interpreter objects: read the annotations of the Python function
+            sig = inspect.signature(getattr(self.kernel, "fn", self.kernel))
+            self.constexpr_names = tuple(n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation))
 
     def launch(self) -> None:
         if any(g <= 0 for g in self.grid):
@@ -353,7 +356,8 @@ def _split_combine_kernel(OS, LSES, O, LSE, H, Lq, S,
                           W: tl.constexpr, BW: tl.constexpr, BLOCK_S: tl.constexpr):
     """Merge the S split-K partials of one (b, h, query): O_s normalised per split, lse_s their base-2
     log-sum-exp (−inf for an empty split). O = Σ_s 2^(lse_s − lse)·O_s, lse = log2 Σ_s 2^lse_s (O = 0 and
-    lse = +inf, the backward's "no visible key", when every split is empty). Splits are read BLOCK_S at a time (one binary for any S). LSE is
+    lse = +inf, the backward's "no visible key", when every split is empty). Splits are read BLOCK_S at a
+    time (one binary for any S). LSE is
     [B, H, Lq] contiguous."""
     pid = tl.program_id(0)
     i = pid % Lq

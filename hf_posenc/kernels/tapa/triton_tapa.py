@@ -28,8 +28,8 @@ is split across programs (split-K); the shared split-combine kernel merges the n
 Backward (FlashAttention-2 scheme, no atomics): Δ = rowsum(dO∘O); dK/dV per key block looping over the
 group's query heads and query blocks; dQ per query block looping over key blocks. Scores are recomputed with
 cos and sin from one range reduction, dS = P∘(dP − Δ), and the chain rule runs through both products:
-∂s/∂a = c_A cos φ, ∂s/∂p = −2π c_A c_P d^α a sin φ (the constants c_A and −2π·c_A are applied once to the
-accumulated gradients, not per element).
+∂s/∂a = c_A cos φ, ∂s/∂p = −2π c_A c_P d^α a sin φ (the constants c_A and −2π·c_A are applied once to
+the accumulated gradients, not per element).
 
 All host-side choices (tiles, warps, stages, split-K, constexprs) are made by `plan_forward` /
 `plan_backward` for a `Target`; the launcher runs those plans and the compile lane compiles them.
@@ -45,7 +45,6 @@ import triton
 import triton.language as tl
 
 from .._triton import (
-    INTERPRETER,
     LOG2E,
     NO_WINDOW,
     LaunchSpec,
@@ -496,21 +495,34 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG,
 # ----------------------------------------------------------------------------------------------------
 
 
+# GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and head-dim bucket, chosen offline by
+# benchmarks/tune_tiles.py: no register spills at D <= 128, shared memory within the limit, fewest issued
+# instructions per score element (see benchmarks/results/kernels-static-sm*.json)
+_TILES = {
+    "sm90": {
+        64: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1)),
+        128: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(16, 64, 4, 1), dq=(64, 32, 4, 1)),
+        256: dict(fwd=(128, 32, 8, 2), decode=(16, 64, 4, 1), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+    },
+    "sm80": {
+        64: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(32, 64, 4, 1), dq=(128, 32, 8, 2)),
+        128: dict(fwd=(128, 32, 8, 2), decode=(16, 128, 4, 2), dkdv=(16, 64, 4, 1), dq=(128, 32, 8, 1)),
+        256: dict(fwd=(64, 64, 8, 2), decode=(16, 64, 4, 1), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+    },
+}
+
+
 def tiles(target: Target, head_dim: int) -> dict[str, Tile]:
     """Tile / warp / stage choice per kernel ("fwd", "decode", "dkdv", "dq") for a target and head dim.
-    Interpreter: 16-wide tiles so small tests cross several blocks. GPU: chosen from the compile lane's
-    register / spill / shared-memory figures (no spills at D <= 128 on sm_80 and sm_90)."""
+    Interpreter: 16-wide tiles so small tests cross several blocks. GPUs: the sm_90 table for Hopper and newer,
+    the sm_80 table otherwise; head dims up to 64, up to 128, and larger (GPU-legal everywhere: powers of two,
+    dot extents >= 16)."""
     if target.interpreter:
         t = Tile(16, 16, 4, 1)
         return {"fwd": t, "decode": t, "dkdv": t, "dq": t}
-    if head_dim <= 64:
-        return {"fwd": Tile(128, 64, 4, 3), "decode": Tile(16, 64, 4, 3),
-                "dkdv": Tile(32, 64, 4, 2), "dq": Tile(64, 32, 4, 2)}
-    if head_dim <= 128:
-        return {"fwd": Tile(128, 64, 8, 2), "decode": Tile(16, 64, 4, 2),
-                "dkdv": Tile(32, 64, 4, 2), "dq": Tile(64, 32, 4, 2)}
-    return {"fwd": Tile(64, 32, 4, 2), "decode": Tile(16, 32, 4, 2),
-            "dkdv": Tile(16, 32, 4, 1), "dq": Tile(32, 16, 4, 1)}
+    table = _TILES["sm90" if target.hopper else "sm80"]
+    bucket = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    return {k: Tile(*v) for k, v in table[bucket].items()}
 
 
 def use_decode_path(Lq: int, group: int) -> bool:
@@ -603,7 +615,8 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaAr
              **dict(zip(("stride_ob", "stride_oh", "stride_os", "stride_om"), so)),
              **dict(zip(("stride_lb", "stride_lh", "stride_ls"), sl)),
              H_PROG=h_prog, GP=gp, GROUP=args.group, R=rows, Lq=Lq, Lk=Lk, split_len=split_len,
-             c_a2=inputs.c_a * LOG2E, lse_empty=float("inf") if splits == 1 else float("-inf"), DV=D, BDV=pow2(D), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+             c_a2=inputs.c_a * LOG2E, lse_empty=float("inf") if splits == 1 else float("-inf"), DV=D, BDV=pow2(D),
+             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
              **inputs.common(args, target)),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )

@@ -9,8 +9,9 @@ online softmax runs in base 2 (log2(e) folded into the scale, applied in the exp
 accumulators, O and Ẽ, are rescaled and updated with the SAME probabilities in the same pass. Key blocks
 every row of the tile sees in full run through an unmasked loop; the causal diagonal and the ragged end run
 through a masked loop. Causality and the presence of a key-padding mask are runtime integers, so one binary
-serves every mask combination; with padding every visible block takes the masked loop. GQA reads kv head h // group; repeated K/V/E are never materialised. The base-2 log-sum-exp
-is saved for the backward. Batch and head offsets are 64-bit (the scalar part of every address).
+serves every mask combination; with padding every visible block takes the masked loop. GQA reads kv head
+h // group; repeated K/V/E are never materialised. The base-2 log-sum-exp is saved for the backward. Batch
+and head offsets are 64-bit (the scalar part of every address).
 
 Decode (Lq <= 16): the query rows of a whole GQA group are packed into 16-row tiles (row r is query
 r mod Lq of head r div Lq), so every K/V/E tile is read once per KV head and row tile, and the key axis is
@@ -368,21 +369,34 @@ def _tape_bwd_dq_kernel(
 # ----------------------------------------------------------------------------------------------------
 
 
+# GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and padded width of [V | E], chosen
+# offline by benchmarks/tune_tiles.py (no spills at D <= 128, shared memory within the limit, fewest issued
+# instructions per score element)
+_TILES = {
+    "sm90": {
+        128: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 1)),
+        256: dict(fwd=(128, 64, 8, 3), decode=(16, 64, 4, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 1)),
+        512: dict(fwd=(64, 64, 8, 2), decode=(16, 32, 4, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+    },
+    "sm80": {
+        128: dict(fwd=(128, 64, 8, 3), decode=(16, 128, 4, 2), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 2)),
+        256: dict(fwd=(64, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 2)),
+        512: dict(fwd=(64, 64, 8, 2), decode=(16, 32, 4, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+    },
+}
+
+
 def tiles(target: Target, block_d: int, block_de: int) -> dict[str, Tile]:
     """Tile / warp / stage choice per kernel ("fwd", "decode", "dkdv", "dq") for a target and the padded
-    widths of V and E. Interpreter: 16-wide tiles so small tests cross several blocks."""
+    widths of V and E (their sum sets the accumulator width). Interpreter: 16-wide tiles so small tests cross
+    several blocks. GPUs: the sm_90 table for Hopper and newer, the sm_80 table otherwise."""
     if target.interpreter:
         t = Tile(16, 16, 4, 1)
         return {"fwd": t, "decode": t, "dkdv": t, "dq": t}
     width = block_d + block_de
-    if width <= 128:
-        return {"fwd": Tile(128, 64, 4, 3), "decode": Tile(16, 64, 4, 3),
-                "dkdv": Tile(32, 64, 4, 2), "dq": Tile(64, 32, 4, 2)}
-    if width <= 256:
-        return {"fwd": Tile(128, 64, 8, 2), "decode": Tile(16, 64, 4, 2),
-                "dkdv": Tile(16, 64, 4, 2), "dq": Tile(64, 32, 4, 2)}
-    return {"fwd": Tile(64, 32, 4, 2), "decode": Tile(16, 32, 4, 2),
-            "dkdv": Tile(16, 32, 4, 1), "dq": Tile(32, 16, 4, 1)}
+    table = _TILES["sm90" if target.hopper else "sm80"]
+    bucket = 128 if width <= 128 else 256 if width <= 256 else 512
+    return {k: Tile(*v) for k, v in table[bucket].items()}
 
 
 def _dot_precision(dtype: torch.dtype) -> str:

@@ -1,0 +1,98 @@
+"""Static tile tuning: how the GPU tile tables in triton_tapa.py / triton_tape.py were chosen, without a GPU.
+
+For each kernel (forward, decode, dK/dV, dQ) of a family, architecture and head dim, every candidate
+(BLOCK_M, BLOCK_N, num_warps, num_stages) is planned through the family's own `lane_specs` (its `tiles` table
+patched to the candidate) and compiled for that architecture; the winner is the candidate with no register
+spills (required at head dim <= 128) and shared memory within the limit that issues the fewest instructions
+per score element in its steady-state loop (benchmarks/kernels_static.py's count). A static proxy for speed:
+it does not see memory stalls or occupancy, which a run on the GPU (`hf-posenc selftest`) measures.
+
+Usage: python benchmarks/tune_tiles.py --family tapa --arch 90 --head-dim 128 [--kernel dkdv dq] [--jobs 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+os.environ.pop("TRITON_INTERPRET", None)
+os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+CANDIDATES = {
+    "fwd": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 2), (64, 32, 4, 2),
+            (64, 64, 8, 2), (128, 128, 8, 2)],
+    "decode": [(16, 64, 4, 2), (16, 64, 4, 1), (16, 128, 4, 2), (16, 32, 4, 2)],
+    "dkdv": [(16, 64, 4, 1), (16, 64, 4, 2), (32, 64, 4, 1), (32, 64, 4, 2), (16, 128, 8, 1), (32, 128, 8, 1),
+             (32, 32, 4, 2), (64, 64, 4, 1), (64, 32, 8, 1), (16, 32, 4, 1)],
+    "dq": [(64, 32, 4, 1), (64, 32, 4, 2), (128, 32, 8, 1), (128, 32, 8, 2), (64, 64, 4, 1), (64, 64, 4, 2),
+           (128, 64, 8, 1), (32, 16, 4, 1)],
+}
+LAUNCH = {"fwd": "{f}_fwd", "decode": "{f}_decode", "dkdv": "{f}_bwd_dkdv", "dq": "{f}_bwd_dq"}
+
+
+def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int, int, int, int]) -> dict:
+    """Compile one candidate; returns its registers, spills, shared memory and steady-state count."""
+    import importlib
+
+    import torch
+
+    import kernels_static
+    from hf_posenc.kernels._triton import SHARED_LIMIT, Target, Tile, compile_spec, resources, sass
+
+    mod = importlib.import_module(f"hf_posenc.kernels.{family}.triton_{family}")
+    table = mod.tiles
+    mod.tiles = lambda target, *dims: {**table(target, *dims), kernel: Tile(*tile)}
+    name = LAUNCH[kernel].format(f=family)
+    spec = next(s for s in mod.lane_specs(Target.gpu(arch), torch.bfloat16, head_dim)
+                if s.name == name and not s.constexprs.get("LINEAR", False))
+    out = dict(family=family, kernel=kernel, arch=arch, head_dim=head_dim, tile=tile)
+    try:
+        compiled = compile_spec(spec, arch)
+    except Exception as exc:  # a candidate the compiler refuses is a result, not a crash
+        return dict(out, error=f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+    res = resources(compiled)
+
+    class _Rec:  # what kernels_static.analyse reads
+        constexprs, num_warps = spec.constexprs, spec.num_warps
+
+    loops = kernels_static.analyse(_Rec, sass(compiled))
+    per = loops.get("steady_state_loop", {}).get("per_element_total")
+    return dict(out, registers=res.registers, spills=res.spills, shared=res.shared,
+                fits=res.shared <= SHARED_LIMIT[arch], per_element=per)
+
+
+def _evaluate(args: tuple) -> dict:
+    return evaluate(*args)
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", choices=["tapa", "tape"], required=True)
+    ap.add_argument("--arch", type=int, nargs="+", default=[90, 80])
+    ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128, 256])
+    ap.add_argument("--kernel", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
+    ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    a = ap.parse_args(argv)
+    jobs = [(a.family, k, arch, d, t) for d in a.head_dim for arch in a.arch for k in a.kernel for t in CANDIDATES[k]]
+    with ProcessPoolExecutor(a.jobs) as pool:
+        results = list(pool.map(_evaluate, jobs))
+    for r in results:
+        print(r, flush=True)
+    for d in a.head_dim:
+        for arch in a.arch:
+            for k in a.kernel:
+                cell = [r for r in results if r["head_dim"] == d and r["arch"] == arch and r["kernel"] == k
+                        and "error" not in r and r["fits"] and r["per_element"] is not None
+                        and (r["spills"] == 0 or d > 128)]
+                best = min(cell, key=lambda r: (r["spills"] > 0, r["per_element"]), default=None)
+                print(f"best {a.family} {k} sm_{arch} D={d}: {best['tile'] if best else 'none'} "
+                      f"{best['per_element'] if best else ''}")
+    return results
+
+
+if __name__ == "__main__":
+    main()

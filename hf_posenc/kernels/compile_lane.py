@@ -1,0 +1,245 @@
+"""Compile lane: every Triton entry kernel of hf-posenc, planned by its own host code, compiled for A100
+(sm_80) and H100 (sm_90) on a machine without a GPU, with registers, spills and shared memory read back
+from the binaries.
+
+A kernel family is a module with ``lane_specs(target, dtype, head_dim) -> list[LaunchSpec]``: the launches
+its host code plans (on ``meta`` tensors) for every combination of compile-time flags it can produce.
+The lane compiles each distinct binary once (the specs are deduplicated by Triton's own compile key), in
+parallel worker processes, with binaries cached by Triton under TRITON_CACHE_DIR (keyed by kernel source and
+options), and flags a record when:
+
+* the compile fails (for instance a non-constexpr global read inside ``@triton.jit``, which only the
+  interpreter accepts);
+* the kernel spills registers (cuobjdump ``STACK`` or ``LOCAL`` > 0) at head dim <= 128;
+* the launch would request more shared memory than the architecture allows (any head dim).
+
+Run it as ``python -m hf_posenc.kernels.compile_lane`` (exit status 1 when any record is flagged). It must
+not run under TRITON_INTERPRET=1 (the kernels are then interpreter objects): ``run_lane_subprocess`` starts
+it with the variable removed, as the test suite does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import json
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+FAMILIES = ("hf_posenc.kernels.tapa.triton_tapa", "hf_posenc.kernels.tape.triton_tape")
+DTYPES = ("bfloat16", "float16")
+HEAD_DIMS = (64, 128, 256)
+SPILL_FREE_MAX_HEAD_DIM = 128
+
+
+@dataclass
+class LaneRecord:
+    """One distinct compiled binary (all the planned launches that share it are listed in `launches`)."""
+
+    family: str
+    kernel: str
+    launches: list[str]
+    arch: int
+    dtype: str
+    head_dim: int
+    constexprs: dict
+    num_warps: int
+    num_stages: int
+    registers: int | None = None
+    stack: int | None = None
+    local: int | None = None
+    shared: int | None = None
+    shared_limit: int | None = None
+    compile_s: float | None = None
+    error: str | None = None
+    cubin: str | None = None
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def spills(self) -> int:
+        return (self.stack or 0) + (self.local or 0)
+
+
+def _load_family(name: str):
+    if name.endswith(".py"):
+        spec = importlib.util.spec_from_file_location(Path(name).stem, name)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return importlib.import_module(name)
+
+
+def _judge(rec: LaneRecord) -> None:
+    if rec.error is not None:
+        rec.problems.append(f"compile failed: {rec.error}")
+        return
+    if rec.spills > 0 and rec.head_dim <= SPILL_FREE_MAX_HEAD_DIM:
+        rec.problems.append(f"register spills: {rec.spills} bytes (STACK {rec.stack}, LOCAL {rec.local})")
+    if rec.shared > rec.shared_limit:
+        rec.problems.append(f"shared memory {rec.shared} B > sm_{rec.arch} limit {rec.shared_limit} B")
+
+
+def _describe(exc: BaseException) -> str:
+    """One line: the root error (Triton wraps the front end's NameError etc. in a CompilationError whose text
+    is the offending source line) and where it happened."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    root = exc.__cause__ or exc.__context__
+    what = f"{type(root).__name__}: {root}" if root is not None else (lines[-1] if lines else "")
+    where = f"{type(exc).__name__} {lines[0]}" if lines else type(exc).__name__
+    return " ".join(f"{what} ({where})".split())[:800]
+
+
+def _plain(v):
+    return v if isinstance(v, (bool, int, float, str)) or v is None else repr(v)
+
+
+def run_job(family: str, arch: int, dtype: str, head_dim: int, cubin_dir: str | None = None) -> list[dict]:
+    """Plan and compile one (family, arch, dtype, head dim) cell; returns LaneRecord dicts."""
+    import torch
+
+    from ._triton import SHARED_LIMIT, Target, compile_inputs, resources
+
+    mod = _load_family(family)
+    target = Target.gpu(arch)
+    specs = mod.lane_specs(target, getattr(torch, dtype), head_dim)
+    records: dict[str, LaneRecord] = {}
+    for spec in specs:
+        rec = LaneRecord(family, getattr(spec.kernel, "__name__", spec.name), [spec.name], arch, dtype, head_dim,
+                         {k: _plain(v) for k, v in spec.constexprs.items()}, spec.num_warps, spec.num_stages,
+                         shared_limit=SHARED_LIMIT[arch])
+        try:
+            src, options, gpu = compile_inputs(spec, arch)
+            key = src.hash() + repr(sorted(options.items()))
+        except Exception as exc:  # planning / binding failed: that is the finding
+            rec.error = f"{type(exc).__name__}: {exc}"
+            key = f"error:{spec.name}:{len(records)}"
+        if key in records:
+            if spec.name not in records[key].launches:
+                records[key].launches.append(spec.name)
+            continue
+        records[key] = rec
+        if rec.error is not None:
+            continue
+        import triton
+
+        t0 = time.perf_counter()
+        try:
+            compiled = triton.compile(src, target=gpu, options=options)
+        except Exception as exc:  # the compile error is the lane's finding, recorded with its message
+            rec.error = _describe(exc)
+            continue
+        rec.compile_s = round(time.perf_counter() - t0, 2)
+        res = resources(compiled)
+        rec.registers, rec.stack, rec.local, rec.shared = res.registers, res.stack, res.local, res.shared
+        if cubin_dir is not None:
+            variant = "-".join(f"{k}{v}" for k, v in sorted(rec.constexprs.items()) if k in ("LINEAR",))
+            name = f"{spec.name}-sm{arch}-{dtype}-d{head_dim}{'-' + variant if variant else ''}-{key[:8]}.cubin"
+            path = Path(cubin_dir) / name
+            path.write_bytes(compiled.asm["cubin"])
+            rec.cubin = str(path)
+    out = []
+    for rec in records.values():
+        _judge(rec)
+        out.append(asdict(rec))
+    return out
+
+
+def _run_job_args(args: tuple) -> list[dict]:
+    return run_job(*args)
+
+
+def run_lane(families=FAMILIES, archs=(80, 90), dtypes=DTYPES, head_dims=HEAD_DIMS, jobs: int | None = None,
+             cubin_dir: str | None = None) -> list[LaneRecord]:
+    """Compile every cell (family × arch × dtype × head dim) in `jobs` worker processes (default: CPU count)."""
+    from ._triton import interpreting
+
+    if interpreting():
+        raise RuntimeError("the compile lane cannot run under TRITON_INTERPRET=1 (the kernels are interpreter "
+                           "objects then); use run_lane_subprocess, which removes the variable")
+    if cubin_dir is not None:
+        Path(cubin_dir).mkdir(parents=True, exist_ok=True)
+    cells = [(f, a, d, h, cubin_dir) for h in sorted(head_dims, reverse=True) for f in families for a in archs
+             for d in dtypes]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(cells)))
+    for family in families:  # import once here: forked workers inherit the modules (and torch, triton)
+        _load_family(family)
+    if jobs == 1:
+        results = [run_job(*c) for c in cells]
+    else:
+        method = "fork" if "fork" in multiprocessing.get_all_start_methods() else "spawn"
+        with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context(method)) as pool:
+            results = list(pool.map(_run_job_args, cells))
+    return [LaneRecord(**r) for cell in results for r in cell]
+
+
+def run_lane_subprocess(families=FAMILIES, archs=(80, 90), dtypes=DTYPES, head_dims=HEAD_DIMS,
+                        jobs: int | None = None, cubin_dir: str | None = None,
+                        timeout: float | None = None) -> list[LaneRecord]:
+    """`run_lane` in a fresh interpreter without TRITON_INTERPRET (callable from the test suite)."""
+    import tempfile
+
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "lane.json"
+        cmd = [sys.executable, "-m", "hf_posenc.kernels.compile_lane", "--json", str(out), "--quiet",
+               "--family", *families, "--arch", *map(str, archs), "--dtype", *dtypes,
+               "--head-dim", *map(str, head_dims)]
+        if jobs is not None:
+            cmd += ["--jobs", str(jobs)]
+        if cubin_dir is not None:
+            cmd += ["--cubin-dir", cubin_dir]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+        if not out.exists():
+            raise RuntimeError(f"compile lane did not run (exit {proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return [LaneRecord(**r) for r in json.loads(out.read_text())["records"]]
+
+
+def format_table(records: list[LaneRecord]) -> str:
+    rows = [f"{'kernel':<16} {'arch':>4} {'dtype':<8} {'D':>3} {'flags':<14} {'warps':>5} {'stg':>3} {'regs':>4} "
+            f"{'spill':>5} {'smem':>7}  problems"]
+    for r in sorted(records, key=lambda r: (r.family, r.launches[0], r.arch, r.dtype, r.head_dim)):
+        flags = ",".join(f"{k}={int(v)}" for k, v in sorted(r.constexprs.items()) if k in ("LINEAR",)) or "-"
+        rows.append(f"{r.launches[0]:<16} {r.arch:>4} {r.dtype:<8} {r.head_dim:>3} {flags:<14} {r.num_warps:>5} "
+                    f"{r.num_stages:>3} {r.registers if r.registers is not None else '-':>4} "
+                    f"{r.spills if r.error is None else '-':>5} {r.shared if r.shared is not None else '-':>7}  "
+                    f"{'; '.join(r.problems)}")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--family", nargs="+", default=list(FAMILIES), help="kernel family modules (or .py files)")
+    ap.add_argument("--arch", nargs="+", type=int, default=[80, 90])
+    ap.add_argument("--dtype", nargs="+", default=list(DTYPES))
+    ap.add_argument("--head-dim", nargs="+", type=int, default=list(HEAD_DIMS))
+    ap.add_argument("--jobs", type=int, default=None, help="worker processes (default: CPU count)")
+    ap.add_argument("--json", default=None, help="write the records here")
+    ap.add_argument("--cubin-dir", default=None, help="keep the compiled binaries here")
+    ap.add_argument("--quiet", action="store_true")
+    a = ap.parse_args(argv)
+    os.environ.setdefault("TRITON_DEFAULT_FP_FUSION", "1")
+    t0 = time.perf_counter()
+    records = run_lane(a.family, a.arch, a.dtype, a.head_dim, a.jobs, a.cubin_dir)
+    wall = time.perf_counter() - t0
+    if a.json:
+        import triton
+
+        Path(a.json).write_text(json.dumps({"triton": triton.__version__, "wall_s": round(wall, 1),
+                                            "records": [asdict(r) for r in records]}, indent=1))
+    bad = [r for r in records if r.problems]
+    if not a.quiet:
+        print(format_table(records))
+        print(f"{len(records)} binaries, {len(bad)} flagged, {wall:.0f} s")
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

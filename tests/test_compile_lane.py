@@ -1,0 +1,116 @@
+"""Compile lane: every Triton entry kernel, as its host code plans it (hf_posenc.kernels.*.lane_specs),
+compiled for A100 (sm_80) and H100 (sm_90) in bf16 and fp16 at head dims 64 / 128 / 256, with no GPU. Fails on
+a compile error, on register spills at head dim <= 128 and on shared memory above the architecture's limit.
+
+The lane runs in a subprocess without TRITON_INTERPRET (conftest sets it for the kernel tests) and uses the
+Triton cache (TRITON_CACHE_DIR): about 4 minutes on 2 cores from an empty cache, seconds when warm."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from hf_posenc.kernels._triton import INTERPRETER, LaunchSpec, Target, compile_inputs
+from hf_posenc.kernels.compile_lane import DTYPES, HEAD_DIMS, run_lane_subprocess
+from hf_posenc.kernels.tapa import triton_tapa
+
+FIXTURES = str(Path(__file__).with_name("lane_fixture_kernels.py"))
+
+TAPA_KERNELS = {"tapa_fwd", "tapa_decode", "split_combine", "row_dot", "tapa_bwd_dkdv", "tapa_bwd_dq"}
+TAPE_KERNELS = {"tape_fwd", "tape_decode", "split_combine", "row_dot", "tape_bwd_dkdv", "tape_bwd_dq"}
+
+
+@pytest.fixture(scope="module")
+def lane():
+    return run_lane_subprocess(timeout=1800)
+
+
+def test_every_kernel_compiles_for_a100_and_h100(lane):
+    problems = [f"{r.launches} sm_{r.arch} {r.dtype} D={r.head_dim} {r.constexprs.get('LINEAR', '')}: "
+                f"{'; '.join(r.problems)}" for r in lane if r.problems]
+    assert not problems, "\n".join(problems)
+
+
+def test_lane_covers_every_entry_kernel_and_flag(lane):
+    for family, expected in (("tapa", TAPA_KERNELS), ("tape", TAPE_KERNELS)):
+        for arch in (80, 90):
+            for dtype in DTYPES:
+                for d in HEAD_DIMS:
+                    cell = [r for r in lane if f"triton_{family}" in r.family and r.arch == arch
+                            and r.dtype == dtype and r.head_dim == d]
+                    names = {n for r in cell for n in r.launches}
+                    assert names == expected, (family, arch, dtype, d, names)
+                    if family == "tapa":  # both phase modes (the only constexpr flag) of every attention kernel
+                        for name in expected - {"split_combine", "row_dot"}:
+                            flags = {r.constexprs["LINEAR"] for r in cell if name in r.launches}
+                            assert flags == {True, False}, (name, arch, dtype, d, flags)
+                    for r in cell:
+                        assert r.registers is not None and r.shared is not None and r.shared <= r.shared_limit
+
+
+def test_masks_are_runtime_arguments(lane):
+    """Causal / window / padding / packing variants are planned by lane_specs but share their binaries:
+    one binary per (kernel, phase mode) in every cell."""
+    for r in lane:
+        if r.family.endswith("triton_tapa") and r.launches[0].startswith("tapa"):
+            twins = [o for o in lane if o.family == r.family and o.arch == r.arch and o.dtype == r.dtype
+                     and o.head_dim == r.head_dim and o.launches == r.launches
+                     and o.constexprs.get("LINEAR") == r.constexprs.get("LINEAR")]
+            assert len(twins) == 1, [t.constexprs for t in twins]
+
+
+def test_lane_flags_a_non_constexpr_global_and_spills():
+    """A module-level float read inside @triton.jit (what the interpreter accepts and the shipped TAPA kernel
+    did) fails the lane; the tl.constexpr version passes; a kernel that cannot fit its registers is flagged."""
+    records = run_lane_subprocess(families=(FIXTURES,), archs=(90,), dtypes=("float16",), head_dims=(64,),
+                                  timeout=600)
+    by_name = {r.launches[0]: r for r in records}
+    bad = by_name["reads_float_global"]
+    assert bad.error is not None and "HALF" in bad.error and "global" in bad.error.lower(), bad.error
+    assert bad.problems and bad.problems[0].startswith("compile failed")
+    good = by_name["reads_constexpr_global"]
+    assert good.error is None and not good.problems and good.registers > 0
+    spill = by_name["spills"]
+    assert spill.error is None and spill.spills > 0
+    assert any("register spills" in p for p in spill.problems)
+
+
+def test_compile_inputs_refuses_interpreter_kernels():
+    q = torch.empty(1, 2, 32, 64, device="meta", dtype=torch.bfloat16)
+    args = triton_tapa.validate_tapa_args(q, q[:, :1], q[:, :1], alpha=0.1, theta=0.5, phase="quadratic",
+                                          causal=True, q_positions=None, k_positions=None, key_padding_mask=None,
+                                          q_segment_ids=None, k_segment_ids=None)
+    spec = triton_tapa.plan_forward(q, q[:, :1], q[:, :1], args, Target.gpu(90))[0][0]
+    assert spec.constexprs["FAST"] is True and spec.grid[1] == 2
+    with pytest.raises(TypeError, match="TRITON_INTERPRET"):
+        compile_inputs(spec, 90)  # conftest set TRITON_INTERPRET=1: the kernels are interpreter objects here
+    interp = triton_tapa.plan_forward(q, q[:, :1], q[:, :1], args, INTERPRETER)[0][0]
+    assert interp.constexprs["FAST"] is False  # no inline assembly in the interpreter
+
+
+def test_launch_spec_checks_arguments_and_targets():
+    with pytest.raises(TypeError, match="missing"):
+        LaunchSpec("fwd", triton_tapa._tapa_fwd_kernel, (1,), dict(Q=None))
+    with pytest.raises(ValueError, match="sm_75"):
+        Target.gpu(75)
+    assert Target.gpu(80).sm_count == 108 and Target.gpu(90).hopper
+
+
+def test_baseline_kernel_is_causal_flash_attention():
+    """The static report's baseline (benchmarks/flash_baseline.py) computes causal attention (interpreter)."""
+    import importlib.util
+
+    path = Path(__file__).parent.parent / "benchmarks" / "flash_baseline.py"
+    spec = importlib.util.spec_from_file_location("flash_baseline", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 4, 37, 32, generator=g).half()
+    k, v = (torch.randn(2, 2, 45, 32, generator=g).half() for _ in range(2))
+    out = mod.flash_attention_baseline(q, k, v)
+    visible = torch.ones(37, 45, dtype=torch.bool).tril(45 - 37)
+    want = torch.nn.functional.scaled_dot_product_attention(
+        q.float(), k.float().repeat_interleave(2, 1), v.float().repeat_interleave(2, 1), attn_mask=visible)
+    torch.testing.assert_close(out.float(), want, atol=3e-3, rtol=3e-3)
