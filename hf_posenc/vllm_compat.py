@@ -10,9 +10,10 @@ Checked against vLLM 0.32 (CPU backend) by ``scripts/serving/vllm_compare.py`` a
   attention logits up to float rounding with a = 1 left in the config: :func:`fold_attention_factors`. Families that
   normalise q and k after the projection (Qwen3, Gemma3) get the factor in those norms' scales instead, since an
   RMSNorm undoes any scaling of its input.
-* ``dynamic`` (NTK): vLLM computes the scaled base once, for the longest context, while Transformers keeps the
-  trained frequencies up to ``max_position_embeddings`` and rescales past it; no stock config makes vLLM do the
-  latter, so :func:`warn_vllm_differences` warns at export time.
+* ``dynamic`` (NTK): Transformers keeps the trained frequencies up to ``max_position_embeddings`` and raises the
+  base past it, as the sequence grows; vLLM computes one base at load time (for a stock config, the trained one) and
+  never rescales. Identical within the trained length, different beyond it, and no stock config changes that:
+  :func:`warn_vllm_differences` warns at export time.
 * ``proportional`` ignores ``factor`` in vLLM; the export writes p-RoPE over PI as ``longrope`` instead
   (``hf_posenc.export``).
 """
@@ -90,9 +91,9 @@ def fold_attention_factors(model: nn.Module, stock: Any) -> dict[str, torch.Tens
 
 # Rope types vLLM runs differently from Transformers, and why.
 VLLM_DIFFERS = {
-    "dynamic": "vLLM computes dynamic NTK's scaled base once, for the longest context, while Transformers keeps the "
-               "trained frequencies up to max_position_embeddings and rescales only past it, so vLLM's outputs differ "
-               "at every length; use scaling='yarn' (static) for a checkpoint that serves identically",
+    "dynamic": "vLLM fixes dynamic NTK's base at load time and never rescales it, while Transformers raises the base "
+               "once a sequence outgrows max_position_embeddings, so their outputs differ beyond the trained length; "
+               "use scaling='yarn' (static) for a checkpoint that serves identically",
 }
 
 

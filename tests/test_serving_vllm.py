@@ -63,6 +63,14 @@ def test_vllm_runs_the_exports_as_transformers_does(tmp_path, vllm_python):
     jobs.append({"name": "unfolded", "path": str(tmp_path / "unfolded"), "prompts": prompts})
     references["unfolded"] = references["cope-yarn"]
     plain = model_outputs(tiny_model("llama", **kw), prompts, 4)
+    # dynamic NTK (exported with a warning naming vLLM): trained length 64, prompts of 48 and of 100 tokens
+    dynamic = hf_posenc.patch_model(tiny_model("llama", **kw, max_position_embeddings=64), "rope", scaling="dynamic",
+                                    factor=4.0)
+    with pytest.warns(UserWarning, match="loads in vLLM but runs differently"):
+        hf_posenc.export_stock(dynamic, tmp_path / "dynamic")
+    for name, length in (("dynamic-within", 48), ("dynamic-beyond", 100)):
+        references[name] = model_outputs(dynamic, _prompts(1, length), 4)
+        jobs.append({"name": name, "path": str(tmp_path / "dynamic"), "prompts": _prompts(1, length)})
 
     measured, _ = run_vllm(jobs, tmp_path, vllm_python, max_tokens=4, max_model_len=256)
     assert not measured["versions"]["hf_posenc_installed"]  # the exports need no hf-posenc
@@ -77,3 +85,8 @@ def test_vllm_runs_the_exports_as_transformers_does(tmp_path, vllm_python):
     assert compare(references["unfolded"], unfolded["vllm"])["max_abs_dlogprob"] > 100 * TOLERANCE
     # and the scheme is what vLLM ran (the same weights with plain RoPE give other outputs)
     assert compare(plain, measured["jobs"]["cope-yarn"]["vllm"])["max_abs_dlogprob"] > 100 * TOLERANCE
+    # what the dynamic-NTK warning says: identical within the trained length, not beyond it
+    for name, differs in (("dynamic-within", False), ("dynamic-beyond", True)):
+        got = measured["jobs"][name]
+        assert compare(references[name], got["stock_transformers"])["max_abs_dlogprob"] <= TOLERANCE
+        assert (compare(references[name], got["vllm"])["max_abs_dlogprob"] > 100 * TOLERANCE) == differs, name
