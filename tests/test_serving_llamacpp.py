@@ -62,16 +62,28 @@ def test_f32_export_runs_the_scheme_in_llama_cpp(tmp_path, smollm2_tokenizer, sc
     assert other["max_abs_dlogprob"] > 100 * F32_TOLERANCE, other  # the scheme is what llama.cpp ran
 
 
+# Quantised CoPE files against Transformers in float32 (measured on 3 prompts of 400 tokens: f16 0.998 top-1 agreement,
+# Q8_0 0.964, Q4_K_M 0.866; held-out perplexity vs f16 1.006 and 1.036). Greedy continuations of quantised files
+# leave the float32 ones at near ties (one prompt's first token has a log-prob gap of 0.01), so the check is the
+# teacher-forced top-1 agreement and the mean |Δ log p|.
+QUANTIZED = {"f16": (0.99, 0.01), "q8_0": (0.93, 0.12), "q4_k_m": (0.80, 0.40)}
+
+
 @pytest.mark.slow
-def test_smollm2_quantized_exports_keep_the_greedy_tokens(tmp_path):
+def test_smollm2_quantized_exports_keep_the_scheme_and_the_predictions(tmp_path):
+    import gguf
+    import numpy as np
+
+    from hf_posenc.gguf_export import ROPE_FREQS, gguf_rope_parameters
     from hf_posenc.models import load_smollm2
 
     model, tokenizer = load_smollm2(dtype=torch.float32)
     hf_posenc.patch_model(model, "cope")
     prompts = prompt_windows(tokenizer, count=2, length=300)
-    reference = model_outputs(model, prompts, 16)
-    for quant in ("f16", "q8_0"):
+    reference = model_outputs(model, prompts, 1)
+    for quant, (min_agreement, max_mean_delta) in QUANTIZED.items():
         path = export_gguf(model, tmp_path / f"{quant}.gguf", quant, tokenizer=tokenizer, llama_cpp=CONVERTER)
-        got = compare(reference, llamacpp_outputs(path, prompts, 16))
-        assert got["greedy_identical"], (quant, got)
-        assert got["mean_abs_dlogprob"] < (0.01 if quant == "f16" else 0.05), (quant, got)
+        freqs = next(t for t in gguf.GGUFReader(path).tensors if t.name == ROPE_FREQS)
+        assert np.array_equal(np.asarray(freqs.data), gguf_rope_parameters(model)[0].numpy()), quant  # kept, F32
+        got = compare(reference, llamacpp_outputs(path, prompts, 1))
+        assert got["top1_agreement"] >= min_agreement and got["mean_abs_dlogprob"] <= max_mean_delta, (quant, got)

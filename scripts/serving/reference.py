@@ -46,12 +46,16 @@ def prompt_windows(tokenizer, count: int = 3, length: int = 400, text: Path = PR
     return [ids[i * step : i * step + length] for i in range(count)]
 
 
+def scores_of(logits: torch.Tensor, prompt: list[int]) -> dict:
+    """From a prompt's logits: log p(x_t | x_<t) for t = 1 … len-1 (float64) and the argmax after each token."""
+    logits = logits.double()
+    logprobs = torch.log_softmax(logits[:-1], -1).gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0]
+    return {"prompt_logprobs": logprobs.tolist(), "prompt_argmax": logits.argmax(-1).tolist()}
+
+
 @torch.no_grad()
-def prompt_logprobs(model, prompt: list[int]) -> list[float]:
-    """log p(x_t | x_<t) for t = 1 … len-1, in float64 from the model's logits."""
-    ids = torch.tensor([prompt])
-    logits = model(ids).logits[0].double()
-    return torch.log_softmax(logits[:-1], -1).gather(-1, ids[0, 1:, None])[:, 0].tolist()
+def prompt_scores(model, prompt: list[int]) -> dict:
+    return scores_of(model(torch.tensor([prompt])).logits[0], prompt)
 
 
 @torch.no_grad()
@@ -67,7 +71,7 @@ def greedy(model, prompt: list[int], steps: int) -> list[int]:
 
 
 def model_outputs(model, prompts: list[list[int]], max_tokens: int) -> list[dict]:
-    return [{"greedy": greedy(model, p, max_tokens), "prompt_logprobs": prompt_logprobs(model, p)} for p in prompts]
+    return [{"greedy": greedy(model, p, max_tokens), **prompt_scores(model, p)} for p in prompts]
 
 
 def compare(reference: list[dict], other: list[dict]) -> dict:
@@ -78,13 +82,18 @@ def compare(reference: list[dict], other: list[dict]) -> dict:
         first_diff.append(diff)
     deltas = [abs(a - b) for r, o in zip(reference, other) for a, b in zip(r["prompt_logprobs"], o["prompt_logprobs"],
                                                                              strict=True)]
-    return {
+    result = {
         "greedy_identical": all(d is None for d in first_diff),
         "first_greedy_difference": first_diff,
         "max_abs_dlogprob": max(deltas),
         "mean_abs_dlogprob": sum(deltas) / len(deltas),
         "logprob_sums": [[sum(r["prompt_logprobs"]), sum(o["prompt_logprobs"])] for r, o in zip(reference, other)],
     }
+    if all("prompt_argmax" in r and "prompt_argmax" in o for r, o in zip(reference, other)):
+        # teacher-forced top-1 agreement: the same next-token choice after every prompt token
+        same = [a == b for r, o in zip(reference, other) for a, b in zip(r["prompt_argmax"], o["prompt_argmax"])]
+        result["top1_agreement"] = sum(same) / len(same)
+    return result
 
 
 def perplexity(logprobs: list[float]) -> float:
@@ -103,13 +112,11 @@ def llamacpp_outputs(gguf_path, prompts: list[list[int]], max_tokens: int, n_ctx
     for prompt in prompts:
         llm.reset()
         llm.eval(prompt)
-        scores = np.asarray(llm.scores[: len(prompt)], dtype=np.float64)
-        logp = torch.log_softmax(torch.from_numpy(scores[:-1]), -1)
-        logprobs = logp.gather(-1, torch.tensor(prompt[1:])[:, None])[:, 0].tolist()
+        scores = scores_of(torch.from_numpy(np.array(llm.scores[: len(prompt)])), prompt)
         tokens = []
         for _ in range(max_tokens):
             tokens.append(int(np.argmax(llm.scores[llm.n_tokens - 1])))
             llm.eval([tokens[-1]])
-        results.append({"greedy": tokens, "prompt_logprobs": logprobs})
+        results.append({"greedy": tokens, **scores})
     llm.close()
     return results

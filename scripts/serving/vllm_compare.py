@@ -32,8 +32,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from reference import PROMPT_TEXT, ROOT, compare, model_outputs, prompt_windows, scheme_variants  # noqa: E402
 
 # Per-token |Δ log p| allowed between vLLM (or stock Transformers) and Transformers + hf-posenc, both float32: the
-# engines sum in different orders (measured differences are ~1e-4); a changed scheme moves log-probs by ~0.1-1.
-LOGPROB_TOLERANCE = 2e-3
+# engines sum in different orders (measured: at most 8e-5 on SmolLM2); a changed scheme moves log-probs by ~0.1-1.
+LOGPROB_TOLERANCE = 5e-4
 MAX_TOKENS = 24
 VLLM_PYTHON = ROOT / ".venv-vllm" / "bin" / "python"
 
