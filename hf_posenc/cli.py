@@ -10,17 +10,14 @@ from typing import Any
 
 
 def _parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs; values are read as JSON when they parse (numbers, booleans, dicts), else strings."""
-    options = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise SystemExit(f"hf-posenc: option {pair!r} must look like key=value (e.g. clip_low_n=10).")
-        try:
-            options[key] = json.loads(value)
-        except json.JSONDecodeError:
-            options[key] = value
-    return options
+    """``key=value`` pairs (see :func:`hf_posenc.schemes.spec.parse_key_values`); a malformed one exits with the
+    expected form."""
+    from .schemes.spec import parse_key_values
+
+    try:
+        return parse_key_values(pairs)
+    except ValueError as exc:
+        raise SystemExit(f"hf-posenc: {exc}") from exc
 
 
 def _add_source(parser: argparse.ArgumentParser) -> None:

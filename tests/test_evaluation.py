@@ -315,3 +315,69 @@ def test_cli_end_to_end(tok, text, tmp_path):
     no_text = parser.parse_args([str(model_dir), "--out", str(out), "--tasks", "ppl"])
     with pytest.raises(ValueError, match="--text"):
         run_eval(no_text)
+
+
+# -- one base under several schemes ---------------------------------------------------------------------------------
+def test_evaluate_schemes_matches_explicitly_patched_models(tok, text):
+    import hf_posenc
+    from hf_posenc.evaluation import evaluate_schemes
+
+    base = make_model(tok, seed=3)
+    before = {k: v.clone() for k, v in base.state_dict().items()}
+    kwargs = dict(tasks=["ppl"], lengths=[96], text=text, stride=48, progress=False)
+    result = evaluate_schemes(base, ["rope", "cope:clip_low_n=3", None], tok, **kwargs)
+    assert result.models() == ["rope", "cope:clip_low_n=3", "base"]
+    assert hf_posenc.get_scheme(base) is None and type(base.config).__name__ == "LlamaConfig"  # base untouched
+    assert all(torch.equal(before[k], v) for k, v in base.state_dict().items())
+    ppl = {r.model: r.perplexity for r in result.perplexity}
+    expected_base = evaluate({"x": base}, tok, **kwargs).perplexity[0].perplexity
+    cope = hf_posenc.patch_model(make_model(tok, seed=3), "cope", clip_low_n=3)
+    expected_cope = evaluate({"x": cope}, tok, **kwargs).perplexity[0].perplexity
+    assert ppl["base"] == expected_base and ppl["rope"] == expected_base  # plain rope is the identity
+    assert ppl["cope:clip_low_n=3"] == expected_cope != expected_base
+    assert result.settings["schemes"]["cope:clip_low_n=3"]["clip_low_n"] == 3
+    assert result.settings["schemes"]["base"] is None
+
+
+def test_evaluate_schemes_rejects_a_bad_spec_before_loading_anything(tok, text):
+    from hf_posenc.evaluation import evaluate_schemes
+
+    loads = []
+
+    def fresh():
+        loads.append(1)
+        return make_model(tok)
+
+    for bad, error, match in [(["rope", "cope:clip=3"], ValueError, "valid options are"),
+                              (["rope", "copee"], ValueError, "valid schemes are"),
+                              (["cope", "cope"], ValueError, "repeat"), ("cope", TypeError, "list of specs")]:
+        with pytest.raises(error, match=match):
+            evaluate_schemes(fresh, bad, tok, tasks=["ppl"], lengths=[96], text=text, progress=False)
+    assert loads == []
+
+
+def test_cli_schemes_beside_a_saved_model(tok, text, tmp_path):
+    base_dir, other_dir = tmp_path / "base", tmp_path / "other"
+    make_model(tok, seed=4).save_pretrained(base_dir)
+    tok.save_pretrained(base_dir)
+    make_model(tok, seed=5).save_pretrained(other_dir)
+    text_file = tmp_path / "text.txt"
+    text_file.write_text(text, encoding="utf-8")
+    parser = add_eval_arguments(argparse.ArgumentParser(prog="hf-posenc eval"))
+    out = tmp_path / "out"
+    args = parser.parse_args([str(base_dir), f"saved={other_dir}", "--tokenizer", str(base_dir), "--schemes", "rope",
+                              "c3=cope:clip_low_n=3", "prope:p=0.5", "--text", str(text_file), "--tasks", "ppl",
+                              "--lengths", "96", "--stride", "48", "--out", str(out), "--device", "cpu",
+                              "--no-progress"])
+    assert run_eval(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    assert [r["model"] for r in data["perplexity"]] == ["rope", "c3", "prope:p=0.5", "saved"]
+    assert data["settings"]["schemes"]["c3"] == {"scheme": "cope", **data["settings"]["schemes"]["c3"]}
+    assert data["settings"]["schemes"]["c3"]["clip_low_n"] == 3 and data["settings"]["base"] == str(base_dir)
+    values = [r["perplexity"] for r in data["perplexity"]]
+    assert len(set(values)) == 4  # four different models
+    bad = parser.parse_args([str(base_dir), "--schemes", "cope:clip_low_n", "--tasks", "ppl", "--text",
+                             str(text_file), "--out", str(tmp_path / "bad")])
+    with pytest.raises(ValueError, match="key=value"):
+        run_eval(bad)
+    assert not (tmp_path / "bad").exists()

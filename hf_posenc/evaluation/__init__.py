@@ -5,6 +5,10 @@ from hf_posenc.evaluation import evaluate, write_report
 result = evaluate({"rope": stock, "cope": patched}, tokenizer, tasks=["ppl", "passkey", "needle"],
                   lengths=[2048, 8192, 16384], depths=[0, 0.5, 1], text=open("book.txt").read())
 write_report(result, "eval-out")     # results.json, report.md, perplexity.png, passkey.png, needle_*.png
+
+# or one base under several schemes, without saving a checkpoint per scheme
+result = evaluate_schemes(stock, ["rope", "cope:clip_low_n=10", "prope:p=0.75"], tokenizer, tasks=["ppl"],
+                          lengths=[2048, 8192], text=text)
 ```
 
 * :mod:`.perplexity`: sliding-window perplexity (Press et al. stride method), chunked output head;
@@ -22,10 +26,10 @@ from .perplexity import (
 from .prompting import GenerateFn, greedy_generate
 from .report import markdown_report, plot_accuracy_heatmaps, plot_perplexity, write_report
 from .results import PERPLEXITY_METHOD, EvaluationResult, PerplexityResult, RetrievalTrial
-from .runner import TASKS, evaluate, expand_tasks
+from .runner import TASKS, evaluate, evaluate_schemes, expand_tasks, scheme_label
 
 __all__ = [
-    "evaluate", "expand_tasks", "TASKS", "EvaluationResult", "PerplexityResult", "RetrievalTrial", "PERPLEXITY_METHOD",
+    "evaluate", "evaluate_schemes", "scheme_label", "expand_tasks", "TASKS", "EvaluationResult", "PerplexityResult", "RetrievalTrial", "PERPLEXITY_METHOD",
     "sliding_window_perplexity", "perplexity_at_lengths", "tokenize_text", "window_nll", "window_nll_reference",
     "TextTooShortError", "passkey_prompt", "build_passkey_prompt", "score_passkey", "PasskeyPrompt",
     "NEEDLE_TASKS", "needle_prompt", "build_needle_prompt", "score_needle", "NeedlePrompt", "greedy_generate",

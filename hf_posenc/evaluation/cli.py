@@ -1,6 +1,9 @@
 """``hf-posenc eval MODEL [MODEL...] --tasks ppl passkey needle --lengths 512 1024 --out DIR``.
 
-Each MODEL is a directory, Hub id or ``.gguf`` file, optionally named ``NAME=PATH``. Models load one at a time with
+Each MODEL is a directory, Hub id or ``.gguf`` file, optionally named ``NAME=PATH``. With ``--schemes SPEC...``
+the first MODEL is a base that each scheme patches in turn (``hf-posenc eval BASE --schemes rope
+cope:clip_low_n=10 prope:p=0.75 tapa``: a fresh copy per scheme, one model in memory at a time, no checkpoint
+saved); further MODELs are evaluated as saved, beside them. Models load one at a time with
 ``AutoModelForCausalLM.from_pretrained`` (a GGUF file dequantized through ``GgufConfig(dequantize=True)``), after
 ``import hf_posenc`` so that checkpoints patched by hf-posenc load as such. DIR receives ``results.json``,
 ``report.md``, ``perplexity.png`` and one accuracy heatmap per retrieval task.
@@ -42,6 +45,9 @@ def _positive(text: str) -> int:
 def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Add the ``eval`` arguments to ``parser`` (a sub-parser of the ``hf-posenc`` command)."""
     parser.add_argument("models", nargs="+", metavar="MODEL", help="model directory, Hub id, .gguf file, or NAME=PATH")
+    parser.add_argument("--schemes", nargs="+", default=None, metavar="SPEC",
+                        help="evaluate the first MODEL patched with each scheme: NAME or NAME:key=value,... "
+                             "(e.g. rope cope:clip_low_n=10 prope:p=0.75 tapa), optionally LABEL=SPEC")
     parser.add_argument("--tokenizer", help="tokenizer directory or Hub id for every model (default: each MODEL)")
     parser.add_argument("--gguf-file", help="GGUF file name inside every MODEL directory (loaded dequantized)")
     parser.add_argument("--text", help="UTF-8 text file for the perplexity task")
@@ -95,10 +101,25 @@ def load_tokenizer(path: str, gguf_file: str | None = None) -> Any:
     return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
 
 
+def parse_scheme_args(specs: list[str]) -> dict[str, Any]:
+    """``--schemes`` values → {label: SchemeConfig}: ``SPEC`` is labelled by itself, ``LABEL=SPEC`` by LABEL (a
+    ``=`` before any ``:`` names the label; ``cope:clip_low_n=10`` is a bare spec). Labels must be unique."""
+    from ..schemes.spec import parse_scheme_spec
+
+    parsed: dict[str, Any] = {}
+    for spec in specs:
+        eq, colon = spec.find("="), spec.find(":")
+        label, text = (spec[:eq], spec[eq + 1:]) if eq > 0 and (colon < 0 or eq < colon) else (spec, spec)
+        if label in parsed:
+            raise ValueError(f"--schemes: {label!r} is given twice; label repeats with LABEL=SPEC.")
+        parsed[label] = parse_scheme_spec(text)
+    return parsed
+
+
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``hf-posenc eval``; returns the exit status (errors raise ``ValueError``/``OSError`` with the fix)."""
     from .report import write_report
-    from .runner import evaluate, expand_tasks
+    from .runner import evaluate, evaluate_schemes, expand_tasks
 
     tasks = expand_tasks(args.tasks)
     text = None
@@ -110,19 +131,33 @@ def run_eval(args: argparse.Namespace) -> int:
         if not text.strip():
             raise ValueError(f"{args.text} is empty; --text needs a long UTF-8 text")
     specs = parse_model_specs(args.models)
+    schemes = parse_scheme_args(args.schemes) if args.schemes else {}
+    clash = sorted(set(schemes) & {name for name, _ in specs[1:]})
+    if clash:
+        raise ValueError(f"result names {clash} are both a scheme and a model; rename one with LABEL=SPEC or "
+                         "NAME=PATH.")
     shared_tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
+    common = dict(text=text, stride=args.stride, max_tokens=args.max_tokens, trials=args.trials, seed=args.seed,
+                  num_distractors=args.distractors, num_values=args.values, max_new_tokens=args.max_new_tokens,
+                  fast=not args.full_logits, chunk_size=args.chunk_size, progress=not args.no_progress)
     result = None
+    if schemes:
+        (base_name, base_path), specs = specs[0], specs[1:]
+
+        def fresh() -> Any:
+            print(f"loading {base_name} from {base_path}...", file=sys.stderr)
+            return load_model(base_path, args.gguf_file, dtype=args.dtype, device=args.device,
+                              attn_implementation=args.attn_implementation)
+
+        tokenizer = shared_tokenizer or load_tokenizer(base_path, args.gguf_file)
+        result = evaluate_schemes(fresh, schemes, tokenizer, tasks, args.lengths, args.depths, **common)
+        result.settings["base"] = base_path
     for name, path in specs:  # one model in memory at a time
         print(f"loading {name} from {path}...", file=sys.stderr)
         model = load_model(path, args.gguf_file, dtype=args.dtype, device=args.device,
                            attn_implementation=args.attn_implementation)
         tokenizer = shared_tokenizer or load_tokenizer(path, args.gguf_file)
-        part = evaluate(
-            {name: model}, tokenizer, tasks, args.lengths, args.depths, text=text, stride=args.stride,
-            max_tokens=args.max_tokens, trials=args.trials, seed=args.seed, num_distractors=args.distractors,
-            num_values=args.values, max_new_tokens=args.max_new_tokens, fast=not args.full_logits,
-            chunk_size=args.chunk_size, progress=not args.no_progress,
-        )
+        part = evaluate({name: model}, tokenizer, tasks, args.lengths, args.depths, **common)
         result = part if result is None else result.merge(part)
         del model
     result.settings["text"] = args.text

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import copy
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm.auto import tqdm
@@ -121,4 +122,71 @@ def evaluate(
                 model=name, task=task, length=length, depth=depth, trial=trial, prompt_tokens=prompt.tokens,
                 answers=list(prompt.answers), output=output, score=score, exact=exact,
             ))
+    return result
+
+
+SchemeSpec = Any  # "cope:clip_low_n=10", a SchemeConfig, or None (the base as it is)
+
+
+def scheme_label(spec: SchemeSpec) -> str:
+    """The name a scheme spec is reported under: the spec string itself, the config's name and options, or
+    ``"base"`` for ``None``."""
+    if spec is None:
+        return "base"
+    if isinstance(spec, str):
+        return spec.strip()
+    options = ",".join(f"{k}={v}" for k, v in spec.to_dict().items() if v != getattr(type(spec)(), k))
+    return spec.name + (f":{options}" if options else "")
+
+
+def evaluate_schemes(
+    base: Any | Callable[[], Any],
+    schemes: Sequence[SchemeSpec] | Mapping[str, SchemeSpec],
+    tokenizer: Any,
+    tasks: Sequence[str] = ("ppl", "passkey", "needle"),
+    lengths: Sequence[int] = (512, 1024),
+    depths: Sequence[float] = DEFAULT_DEPTHS,
+    *,
+    progress: bool = True,
+    replace: bool = False,
+    **kwargs: Any,
+) -> EvaluationResult:
+    """Evaluate one base model under each scheme, side by side, without saving a checkpoint per scheme.
+
+    ``base`` is a loaded causal LM (each scheme patches a deep copy, so the base itself is never changed and two
+    models are in memory at a time) or a function returning a fresh copy of it (then one model at a time, as
+    ``hf-posenc eval BASE --schemes ...`` does). ``schemes`` lists scheme specs — ``"cope:clip_low_n=10"``,
+    ``"prope:p=0.75"``, ``"tapa"``, a :class:`~hf_posenc.schemes.SchemeConfig`, or ``None`` for the unpatched
+    base — or maps result names to them. Every spec is parsed before any model is patched, so a typo fails at
+    once. ``replace=True`` lets a scheme replace one the base already carries (``patch_model``'s ``replace``). The
+    other arguments are :func:`evaluate`'s; results are merged in the given order, and ``settings["schemes"]``
+    records each name's scheme.
+    """
+    from ..patching import patch_model
+    from ..schemes import SchemeConfig
+    from ..schemes.spec import parse_scheme_spec
+
+    named = dict(schemes) if isinstance(schemes, Mapping) else {scheme_label(s): s for s in schemes}
+    if isinstance(schemes, str) or not named:
+        raise TypeError("schemes must be a non-empty list of specs such as ['rope', 'cope:clip_low_n=10'] "
+                        f"(or a dict name -> spec), got {schemes!r}")
+    if not isinstance(schemes, Mapping) and len(named) != len(schemes):
+        raise ValueError(f"schemes {list(schemes)} repeat; give each scheme once (or name them with a dict).")
+    parsed: dict[str, SchemeConfig | None] = {}
+    for name, spec in named.items():
+        parsed[name] = parse_scheme_spec(spec) if isinstance(spec, str) else spec
+        if parsed[name] is not None and not isinstance(parsed[name], SchemeConfig):
+            raise TypeError(f"scheme {name!r}: expected a spec string, a SchemeConfig or None, got "
+                            f"{type(spec).__name__}")
+    fresh = base if callable(base) and not hasattr(base, "config") else (lambda: copy.deepcopy(base))
+    result = None
+    for name, scheme in parsed.items():  # one patched model at a time
+        model = fresh()
+        if scheme is not None:
+            patch_model(model, scheme, replace=replace)
+        part = evaluate({name: model}, tokenizer, tasks, lengths, depths, progress=progress, **kwargs)
+        result = part if result is None else result.merge(part)
+        del model
+    result.settings["schemes"] = {name: None if s is None else {"scheme": s.name, **s.to_dict()}
+                                  for name, s in parsed.items()}
     return result
