@@ -427,12 +427,38 @@ def test_window_decode_reads_only_the_window():
     torch.testing.assert_close(out, ref, atol=3e-4, rtol=3e-4)
 
 
-def test_dispatch():
+def test_dispatch(monkeypatch):
+    """Which path `tapa_attention` takes (spied, not inferred from equal outputs), and that it returns that path's
+    result: Triton under the interpreter / on CUDA, and on CPU the chunked path for float64 (the kernel takes no
+    float64) or without the interpreter."""
+    import hf_posenc.kernels.tapa as tapa_ops
+
     q, k, v = _qkv(1, 2, 1, 5, 5, 16, seed=71)
+    calls = []
+
+    def spy(name):
+        real = getattr(tapa_ops, name)
+
+        def wrapped(*args, **kwargs):
+            calls.append(name)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(tapa_ops, name, wrapped)
+
+    for name in ("tapa_attention_triton", "tapa_attention_chunked", "tapa_attention_reference"):
+        spy(name)
     assert uses_triton(q)  # conftest sets TRITON_INTERPRET=1 on CPU-only machines
-    torch.testing.assert_close(tapa_attention(q, k, v), tapa_attention_triton(q, k, v))
-    out64 = tapa_attention(q.double(), k.double(), v.double())  # kernel takes no float64: reference
-    assert out64.dtype == torch.float64
+    out = tapa_attention(q, k, v)
+    assert calls == ["tapa_attention_triton"]
+    torch.testing.assert_close(out, tapa_attention_reference(q, k, v), atol=2e-5, rtol=2e-5)
+    calls.clear()
+    out64 = tapa_attention(q.double(), k.double(), v.double())
+    assert calls[0] == "tapa_attention_chunked" and out64.dtype == torch.float64
+    calls.clear()
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # a CPU machine without the interpreter: the chunked path
+    assert not uses_triton(q)
+    tapa_attention(q, k, v)
+    assert calls[0] == "tapa_attention_chunked"
 
 
 # --------------------------------------------------------------------------------------------------

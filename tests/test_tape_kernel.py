@@ -207,16 +207,27 @@ def test_triton_non_contiguous_inputs_and_custom_scale():
     torch.testing.assert_close(eo, reo, **TOL[torch.float32])
 
 
-def test_dispatch():
+def test_dispatch(monkeypatch):
+    """Which path `tape_attention` takes (spied, not inferred from equal outputs): the Triton kernel on CUDA or
+    under the interpreter, the reference for float64 (the kernel takes no float64)."""
+    import hf_posenc.kernels.tape as tape_ops
+
     (q, k, v, e), _ = make_inputs(1, 2, 1, 5, 7, 16, 8, left_pad=False)
+    calls = []
+    for name in ("tape_attention_triton", "tape_attention_reference"):
+        real = getattr(tape_ops, name)
+        monkeypatch.setattr(tape_ops, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or
+                            _real(*a, **kw))
     assert uses_triton(q)  # CUDA, or the interpreter set by conftest.py
     assert not uses_triton(q.double())
     o, eo = tape_attention(q, k, v, e)
+    assert calls == ["tape_attention_triton"]
     ro, reo = tape_attention_reference(q, k, v, e)
     torch.testing.assert_close(o, ro, **TOL[torch.float32])
     torch.testing.assert_close(eo, reo, **TOL[torch.float32])
-    o64, _ = tape_attention(q.double(), k.double(), v.double(), e.double())  # float64 -> reference
-    assert o64.dtype == torch.float64
+    calls.clear()
+    o64, _ = tape_attention(q.double(), k.double(), v.double(), e.double())
+    assert calls == ["tape_attention_reference"] and o64.dtype == torch.float64
 
 
 @pytest.mark.parametrize("fn", [tape_attention_reference, tape_attention_sdpa, tape_attention_triton])
