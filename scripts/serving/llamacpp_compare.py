@@ -131,10 +131,10 @@ def main() -> None:
                 for quant in ("f32", "f16", "q8_0", "q4_k_m"):
                     results["quantized"][quant]["perplexity_vs_f16"] = results["quantized"][quant]["perplexity"] / f16
             del model
-    text = PROMPT_TEXT.read_text()
-    vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
-    tokenizer_ok = vocab.tokenize(text.encode(), add_bos=False, special=False) == tokenizer(
-        text, add_special_tokens=False).input_ids
+        text = PROMPT_TEXT.read_text()  # llama.cpp's tokenizer, read from the last file before the directory goes
+        vocab = llama_cpp.Llama(model_path=str(path), vocab_only=True, verbose=False)
+        tokenizer_ok = vocab.tokenize(text.encode(), add_bos=False, special=False) == tokenizer(
+            text, add_special_tokens=False).input_ids
     out = write_results("serving-llamacpp", torch.device("cpu"), {
         "what": "SmolLM2-135M-Instruct (GGUF Q4_1, dequantized to float32) patched with each scheme, written by "
                 "export_gguf (llama.cpp's converter + rope_freqs), run in llama.cpp through llama-cpp-python "
