@@ -3,7 +3,9 @@ each with a model card.
 
 Everything up to the HTTP call is what a user's machine really does: ``save_pretrained`` (weights as safetensors,
 ``config.json`` carrying the scheme, the remote code and ``auto_map``), the tokenizer, the model card, and one
-``HfApi.create_commit`` with every file. Pass ``api=`` to use another ``HfApi`` (another endpoint, a token).
+``HfApi.create_commit`` with every file. One commit on purpose: a published checkpoint is all or nothing (with
+``hf_xet`` installed, ``upload_folder`` splits a folder over several commits that a reader could see half done).
+Pass ``api=`` to use another ``HfApi`` (another endpoint, a token).
 """
 
 from __future__ import annotations
@@ -22,20 +24,6 @@ from .record import FORMAT_VERSION, LIBRARY_VERSION
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 
 
-def _yaml(value: Any, indent: int = 0) -> str:
-    """A tiny YAML writer for the card's metadata (dicts, lists, scalars), so no YAML library is needed."""
-    pad = " " * indent
-    if isinstance(value, dict):
-        lines = []
-        for key, item in value.items():
-            if isinstance(item, (dict, list)) and item:
-                lines.append(f"{pad}{key}:\n{_yaml(item, indent + 2)}")
-            else:
-                lines.append(f"{pad}{key}: {json.dumps(item)}")  # JSON scalars and {} / [] are YAML
-        return "\n".join(lines)
-    return "\n".join(f"{pad}- {json.dumps(item)}" for item in value)
-
-
 def adapter_warning(scheme: Any) -> str:
     """The sentence an adapter's card leads its loading section with: what goes wrong without ``import hf_posenc``."""
     drop = " and silently drops its TAPE weights on an unpatched base" if scheme.trainable_modules else ""
@@ -47,17 +35,20 @@ def adapter_warning(scheme: Any) -> str:
 
 def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, base_repo: str | None = None,
                evaluation: str | None = None, plots: list[str] | None = None) -> str:
-    """README.md for a published checkpoint (``kind``: "model", "adapter" or "stock")."""
+    """README.md for a published checkpoint (``kind``: "model", "adapter" or "stock"): ``huggingface_hub``'s
+    ``ModelCardData`` writes the metadata (the Hub's own YAML conventions) and ``ModelCard`` parses the result, so
+    a card the Hub would reject fails here."""
+    from huggingface_hub import ModelCard, ModelCardData
+
     scheme = record.scheme
-    metadata = {
-        "library_name": "peft" if kind == "adapter" else "transformers",
-        "pipeline_tag": "text-generation",
-        "tags": ["hf-posenc", scheme.name, "positional-encoding", "long-context"] + (["stock-export"] if kind == "stock" else []),
-    }
-    if base_model:
-        metadata["base_model"] = base_model
-    metadata["hf_posenc"] = {"scheme": scheme.name, "options": scheme.to_dict(), "paper": scheme.paper,
-                             "format_version": FORMAT_VERSION, "library_version": LIBRARY_VERSION}
+    metadata = ModelCardData(
+        library_name="peft" if kind == "adapter" else "transformers",
+        pipeline_tag="text-generation",
+        tags=["hf-posenc", scheme.name, "positional-encoding", "long-context"] + (["stock-export"] if kind == "stock" else []),
+        base_model=base_model or None,
+        hf_posenc={"scheme": scheme.name, "options": scheme.to_dict(), "paper": scheme.paper,
+                   "format_version": FORMAT_VERSION, "library_version": LIBRARY_VERSION},
+    )
     if kind == "model":
         load = (f'import hf_posenc  # registers the scheme; no trust_remote_code needed\n'
                 f'from transformers import AutoModelForCausalLM\n'
@@ -75,7 +66,7 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
                  "(p-RoPE as `proportional`, CoPE/HardClip as per-dimension `longrope` factors).")
     options = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in scheme.to_dict().items())
     parts = [
-        f"---\n{_yaml(metadata)}\n---\n",
+        f"---\n{metadata.to_yaml()}\n---\n",
         f"# {repo_id.split('/')[-1]}\n",
         f"{'A PEFT adapter for ' if kind == 'adapter' else ''}{base_model or 'A model'} with its positional encoding "
         f"switched to **{scheme.name}** by [hf-posenc] {LIBRARY_VERSION}.\n",
@@ -88,7 +79,7 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
         parts.append(f"## Evaluation\n\n{evaluation.strip()}\n")
     for plot in plots or []:
         parts.append(f"![{Path(plot).stem}]({plot})\n")
-    return "\n".join(parts)
+    return str(ModelCard("\n".join(parts)))
 
 
 def _stage(model: Any, folder: Path, tokenizer: Any, stock: bool) -> tuple[str, Any, str | None]:
