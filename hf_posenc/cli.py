@@ -122,6 +122,15 @@ def cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_families(args: argparse.Namespace) -> int:
+    """Print the family support table (``hf_posenc/data/families.json``, written by ``scripts/families_table.py``
+    from the checks ``tests/test_families.py`` runs)."""
+    from .patches.table import format_table, load_table
+
+    print(format_table(load_table(), markdown=args.markdown))
+    return 0
+
+
 def _mount(sub, name: str, help_text: str, module: str, add: str, run: str) -> None:
     """A subcommand whose implementation lives in another module (imported only when the command runs)."""
     import importlib
@@ -157,6 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source directory holding convert_hf_to_gguf.py "
                    "(default: $HF_POSENC_LLAMA_CPP)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("families", help="the support table: every rotary model type × scheme, as the tests found it")
+    p.add_argument("--markdown", action="store_true", help="as a Markdown table (what the README embeds)")
+    p.set_defaults(func=cmd_families)
 
     p = sub.add_parser("demo", help="SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text")
     p.add_argument("--max-new-tokens", type=int, default=20)

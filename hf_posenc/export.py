@@ -58,7 +58,17 @@ def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | N
                 "change with the sequence length); patch with a static base (e.g. scaling='yarn') to export it."
             )
         return dict(params)
+    if "llama_4_scaling_beta" in params and params.get("original_max_position_embeddings") != getattr(
+            config, "max_position_embeddings", None):
+        raise ValueError(
+            f"{rope_type}: this model scales its queries with original_max_position_embeddings (Llama-4-style "
+            "attention scaling), which the stock form of this scheme (longrope) must set to max_position_embeddings; "
+            "it has no stock equivalent. Keep the patched checkpoint (save_pretrained) instead."
+        )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    # Phi, GLM, StableLM...: the factors cover the rotated pairs (for `proportional`, the key is p-RoPE's p instead)
+    rotated = params.get("partial_rotary_factor") if rope_type != "proportional" else None
+    head_dim = int(head_dim * rotated) if rotated is not None else head_dim
     theta = params["rope_theta"]
     if params.get("base_rope_type") == "default":
         factors = taper_factors(head_dim // 2, params["clip_low_n"], rope_type == "hardclip")
@@ -76,6 +86,7 @@ def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | N
         "factor": 1.0,
         "attention_factor": float(attention_factor),
         "original_max_position_embeddings": config.max_position_embeddings,
+        **({"partial_rotary_factor": rotated} if rotated is not None else {}),
     }
 
 

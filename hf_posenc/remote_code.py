@@ -59,6 +59,8 @@ def _flatten_imports(source: str, module: str, is_package: bool) -> str:
 
 def _entry(adapter: Any) -> str:
     config_cls, model_cls = adapter.stock_config_class.__name__, adapter.stock_model_class.__name__
+    prefix = adapter.config_class.__name__.removesuffix("PosencConfig")
+    config_mod, model_mod = adapter.stock_config_class.__module__, adapter.stock_model_class.__module__
     return f'''"""Loads this hf-posenc checkpoint without hf-posenc installed:
 ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
 
@@ -66,7 +68,8 @@ Written by hf-posenc {LIBRARY_VERSION}; the other ``{PACKAGE}_*.py`` files are i
 flattened imports. With hf-posenc installed, ``import hf_posenc`` loads the checkpoint without remote code.
 """
 
-from transformers import {config_cls}, {model_cls}
+from {config_mod} import {config_cls}
+from {model_mod} import {model_cls}
 
 from .{flat_name("patches.base")} import make_family
 from .{flat_name("schemes.cope")} import register_rope_types
@@ -77,7 +80,7 @@ register_rope_types()
 register_tapa_attention()
 register_tape_attention()
 
-_FAMILY = make_family({config_cls}, {model_cls}, __name__)
+_FAMILY = make_family({config_cls}, {model_cls}, __name__, name_prefix={prefix!r})
 {adapter.config_class.__name__} = _FAMILY.config_class
 {adapter.model_class.__name__} = _FAMILY.model_class
 '''

@@ -126,8 +126,15 @@ def test_bad_options(options, error, match):
 
 
 def test_gemma2_softcapping_is_refused_with_the_fix():
+    model = tiny_model("gemma2")
+    before = model.config.to_dict()
+    with pytest.raises(ValueError, match="attn_logit_softcapping = None before patching"):
+        hf_posenc.patch_model(model, "tapa")
+    assert model.config.to_dict() == before
+    model.config.attn_logit_softcapping = None
     with pytest.warns(UserWarning):
-        model = hf_posenc.patch_model(tiny_model("gemma2"), "tapa")
+        model = hf_posenc.patch_model(model, "tapa")
+    model.config.attn_logit_softcapping = 50.0  # set again after patching: the attention itself refuses it
     with pytest.raises(ValueError, match="attn_logit_softcapping = None"):
         logits(model, random_ids())
 

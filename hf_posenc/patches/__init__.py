@@ -1,28 +1,177 @@
-"""One small adapter per model family; :data:`ADAPTERS` maps the stock model type to it.
+"""Family adapters: derived at first use from Transformers' Auto mappings (:mod:`.derive`).
 
-Adding a family (Mistral, Phi3, ...) is a file like ``llama.py`` plus one line here.
+:data:`ADAPTERS` maps a stock model type to its adapter and fills itself on lookup; :func:`adapter_for` accepts a
+stock or patched type. Adding a Transformers family needs no code; what differs per family is :data:`OVERRIDES`
+(notes, and the schemes a family cannot take with the reason). Loading a patched checkpoint (model type
+``hf_posenc_<type>``) derives its family when Transformers looks the type up (see :func:`install_lookup`).
 """
 
 from __future__ import annotations
 
-from .base import FamilyAdapter
-from . import gemma, gemma2, gemma3, llama, qwen2, qwen3
+from collections.abc import Iterator, Mapping
+from typing import Any
 
-ADAPTERS: dict[str, FamilyAdapter] = {
-    m.ADAPTER.stock_model_type: m.ADAPTER for m in (llama, qwen2, qwen3, gemma, gemma2, gemma3)
+from .base import MODEL_TYPE_PREFIX, FamilyAdapter
+from .derive import FamilyRefused, derive, static_refusal, stock_type_of
+from .table import verified_types
+
+_LAYERS_NOTE = "schemes apply to the global (full-attention) layers unless layers='all' is given"
+_NOPE_NOTE = "layers without positional encoding (no_rope_layers) stay without it"
+_MLA_NOTE = "multi-head latent attention: schemes act on the decoupled rotary part (qk_rope_head_dim)"
+_TAPE_NOPE = "TAPE rotates queries and keys in every layer, but this family has layers without positional encoding"
+
+_TAPE_NOPE_LAYERS = "TAPE rotates queries and keys in every layer, but this family's full-attention layers use none"
+_ALL = ("cope", "hardclip", "prope", "rope", "tapa", "tape")
+
+
+def _every(reason: str) -> dict[str, str]:
+    return dict.fromkeys(_ALL, reason)
+
+
+# What differs per family, keyed by stock model type: notes for the user and schemes refused with the reason.
+# Everything else is derived; the family matrix (tests/test_families.py) finds what needs an entry here.
+OVERRIDES: dict[str, dict[str, Any]] = {
+    "gemma3_text": {"notes": [_LAYERS_NOTE]},
+    "smollm3": {"notes": [_NOPE_NOTE], "refusals": {"tape": _TAPE_NOPE}},
+    "llama4_text": {"notes": [_NOPE_NOTE], "refusals": {
+        "tape": _TAPE_NOPE,
+        "tapa": "chunked local attention (attention_chunk_size), which TAPA's mask function does not build"}},
+    "deepseek_v2": {"notes": [_MLA_NOTE]},
+    "deepseek_v3": {"notes": [_MLA_NOTE]},
+    "exaone_moe": {"refusals": {"tape": _TAPE_NOPE_LAYERS}},
+    **{t: {"refusals": {"tape": "it rotates interleaved dimension pairs, not the rotate-half halves TAPE's state "
+                                "rotation reproduces"}} for t in ("ernie4_5", "ernie4_5_moe", "helium")},
+    "flint": {"refusals": {"tape": _TAPE_NOPE_LAYERS}},
+    "nanochat": {"refusals": {"tape": "it normalises queries and keys after the rotation; TAPE's attention "
+                                      "normalises them before"}},
+    "doge": {"refusals": {"tapa": "its dynamic-mask attention hands TAPA a 4-D mask of its own, which TAPA's "
+                                  "attention does not take"}},
+    "lfm3": {"refusals": {s: "its stock rope type is 'proportional' over part of each head; replacing it changes "
+                             "the rotary width its attention expects" for s in ("rope", "tapa")}},
+    "moshi": {"refusals": _every("its cached generation differs from its full forward even unpatched (the "
+                                 "depth decoder), so a patched model cannot be checked")},
+    "falcon_h1": {"refusals": _every("a saved patched FalconH1 checkpoint reloads with non-finite logits (its "
+                                     "Mamba state is not restored through a derived class)")},
+    "mimo_v2_flash": {"refusals": _every("its layer types rotate heads of different widths, which hf-posenc's "
+                                         "rope init does not read")},
+    "ministral3": {"refusals": {s: "its query scaling reads original_max_position_embeddings, which this scheme's "
+                                   "stock export (longrope) must set to max_position_embeddings" for s in
+                                ("cope", "hardclip")}},
+    "phimoe": {"refusals": _every("its rotary module reads LongRoPE's mscale parameters from the config, which a "
+                                  "scheme's rope type does not carry")},
+    "zaya": {"refusals": _every("the scheme's frequencies do not reach its attention (the family check saw "
+                                "unchanged logits)")},
 }
-PATCHED_TYPES: dict[str, FamilyAdapter] = {a.model_type: a for a in ADAPTERS.values()}
+
+
+class _Adapters(Mapping[str, FamilyAdapter]):
+    """Stock model type -> adapter, derived and cached at first lookup. Iterating lists the adapters built so
+    far; :func:`hf_posenc.patches.table.verified_types` lists the families the test matrix verified."""
+
+    def __init__(self) -> None:
+        self._built: dict[str, FamilyAdapter] = {}
+
+    def __getitem__(self, model_type: str) -> FamilyAdapter:
+        if model_type not in self._built:
+            if model_type.startswith(MODEL_TYPE_PREFIX):
+                raise KeyError(model_type)
+            try:
+                override = OVERRIDES.get(model_type, {})
+                self._built[model_type] = derive(model_type, override.get("notes"), override.get("refusals"))
+            except FamilyRefused as exc:
+                raise KeyError(model_type) from exc
+        return self._built[model_type]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(list(self._built))
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def __contains__(self, model_type: object) -> bool:
+        if not isinstance(model_type, str) or model_type.startswith(MODEL_TYPE_PREFIX):
+            return False
+        return model_type in self._built or static_refusal(model_type) is None
+
+
+ADAPTERS = _Adapters()
+
+
+class _PatchedTypes(Mapping[str, FamilyAdapter]):
+    """Patched model type (``hf_posenc_<type>``) -> adapter, through :data:`ADAPTERS`."""
+
+    def __getitem__(self, model_type: str) -> FamilyAdapter:
+        if not model_type.startswith(MODEL_TYPE_PREFIX):
+            raise KeyError(model_type)
+        return ADAPTERS[stock_type_of(model_type)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([a.model_type for a in ADAPTERS.values()])
+
+    def __len__(self) -> int:
+        return len(ADAPTERS)
+
+
+PATCHED_TYPES = _PatchedTypes()
 
 
 def adapter_for(model_type: str) -> FamilyAdapter:
-    """The adapter of a stock or patched model type; an unsupported type names the supported ones."""
-    adapter = ADAPTERS.get(model_type) or PATCHED_TYPES.get(model_type)
-    if adapter is None:
-        raise ValueError(
-            f"hf-posenc does not support model type {model_type!r}; supported: {sorted(ADAPTERS)} "
-            "(Gemma3 as its text model, gemma3_text)."
+    """The adapter of a stock or patched model type; a type hf-posenc cannot patch is a :class:`FamilyRefused`
+    error (a ``ValueError``) that names the reason and the families the test matrix verified."""
+    stock = stock_type_of(model_type)
+    try:
+        return ADAPTERS[stock]
+    except KeyError:
+        reason = static_refusal(stock)
+    raise FamilyRefused(
+        f"hf-posenc does not support model type {model_type!r}: {reason}. Families verified with every frequency "
+        f"scheme: {verified_types('cope')} (see `hf-posenc families`)."
+    )
+
+
+def check_scheme(adapter: FamilyAdapter, scheme: str) -> None:
+    """Raise :class:`FamilyRefused` when the family cannot take ``scheme``, naming the reason and the families
+    the test matrix verified with it."""
+    reason = adapter.refusals.get(scheme)
+    if reason is not None:
+        raise FamilyRefused(
+            f"{scheme} cannot be applied to model type {adapter.stock_model_type!r}: {reason}. Families verified "
+            f"with {scheme}: {verified_types(scheme)} (see `hf-posenc families`)."
         )
-    return adapter
 
 
-__all__ = ["ADAPTERS", "PATCHED_TYPES", "FamilyAdapter", "adapter_for"]
+class _DerivingContent(dict):
+    """``CONFIG_MAPPING``'s registry of extra types, which derives a patched family the first time Transformers
+    looks up its ``hf_posenc_<type>`` (``AutoConfig.from_pretrained`` of a patched checkpoint)."""
+
+    def _derive(self, key: object) -> bool:
+        if not isinstance(key, str) or not key.startswith(MODEL_TYPE_PREFIX) or dict.__contains__(self, key):
+            return dict.__contains__(self, key)
+        try:
+            adapter_for(key)  # registers the family (and with it this key)
+        except FamilyRefused:
+            return False
+        return dict.__contains__(self, key)
+
+    def __contains__(self, key: object) -> bool:
+        return self._derive(key)
+
+    def __getitem__(self, key: str) -> Any:
+        self._derive(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if self._derive(key) else default
+
+
+def install_lookup() -> None:
+    """Let Transformers' ``CONFIG_MAPPING`` derive patched families on lookup (idempotent)."""
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    if not isinstance(CONFIG_MAPPING._extra_content, _DerivingContent):
+        CONFIG_MAPPING._extra_content = _DerivingContent(CONFIG_MAPPING._extra_content)
+
+
+install_lookup()
+
+__all__ = ["ADAPTERS", "OVERRIDES", "PATCHED_TYPES", "FamilyAdapter", "FamilyRefused", "adapter_for", "check_scheme"]

@@ -32,6 +32,16 @@ class PosencConfigMixin:
             SchemeRecord.from_dict(record)
         super().__post_init__(**kwargs)
 
+    def validate_rope(self) -> None:
+        """Transformers' generic rope validation (every registered rope type, hf-posenc's included) once a scheme
+        rewrote ``rope_parameters``: a family's own check accepts only its stock types (Phi3 and PhiMoE: longrope),
+        and the scheme's parameters were validated by the scheme itself. Unpatched: the family's own check."""
+        if getattr(self, RECORD_KEY, None) is None:
+            return super().validate_rope()
+        from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
+
+        return RotaryEmbeddingConfigMixin.validate_rope(self)
+
 
 for _rope_type in CLIPPED_ROPE_TYPES:
     setattr(PosencConfigMixin, f"_validate_{_rope_type}_rope_parameters", validate_clipped_rope_parameters)
@@ -100,6 +110,7 @@ class FamilyAdapter:
         stock_config_class / stock_model_class: the family's Transformers classes.
         config_class / model_class: the patched subclasses (built by :func:`make_family`).
         notes: anything family-specific worth telling the user (shown by ``hf-posenc info``).
+        refusals: scheme name -> why this family cannot take that scheme (``patch_model`` raises it).
     """
 
     stock_config_class: type
@@ -107,6 +118,7 @@ class FamilyAdapter:
     config_class: type
     model_class: type
     notes: list[str] = field(default_factory=list)
+    refusals: dict[str, str] = field(default_factory=dict)
 
     @property
     def stock_model_type(self) -> str:
@@ -124,15 +136,24 @@ class FamilyAdapter:
             return [None]
         if layers == "all":
             return [k for k in nested if config.rope_parameters[k] is not None]
+        if config.rope_parameters.get(GLOBAL_LAYER_TYPE) is None:
+            raise ValueError(
+                f"this {self.stock_model_type!r} model sets rotary parameters per layer type {sorted(nested)} with no "
+                f"{GLOBAL_LAYER_TYPE!r} entry, so layers='global' names no layers; pass layers='all'."
+            )
         return [GLOBAL_LAYER_TYPE]
 
 
-def make_family(stock_config_class: type, stock_model_class: type, module: str, notes: list[str] | None = None):
-    """Create the patched config and causal-LM classes of one family and register them with the Auto classes."""
+def make_family(stock_config_class: type, stock_model_class: type, module: str, notes: list[str] | None = None,
+                name_prefix: str | None = None):
+    """Create the patched config and causal-LM classes of one family and register them with the Auto classes.
+
+    The classes are named ``<name_prefix>PosencConfig`` / ``<name_prefix>PosencForCausalLM`` (default prefix: the
+    causal-LM class name without ``ForCausalLM``)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     stock_type = stock_config_class.model_type
-    prefix = stock_model_class.__name__.removesuffix("ForCausalLM")
+    prefix = name_prefix or stock_model_class.__name__.removesuffix("ForCausalLM")
     config_class = strict(
         type(
             f"{prefix}PosencConfig",

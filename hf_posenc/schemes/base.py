@@ -155,11 +155,16 @@ class FrequencySchemeConfig(SchemeConfig):
             params["rope_theta"] = float(self.rope_theta)
         if self.scaling is None:
             return params
-        params = {"rope_type": self.scaling, "rope_theta": params["rope_theta"], "factor": float(self.factor)}
+        params = {"rope_type": self.scaling, "rope_theta": params["rope_theta"], "factor": float(self.factor),
+                  **{k: params[k] for k in ("partial_rotary_factor",) if k in params}}  # the rotated fraction stays
         if self.scaling in ("yarn", "llama3"):
-            params["original_max_position_embeddings"] = (
-                self.original_max_position_embeddings or max_position_embeddings
-            )
+            trained = self.original_max_position_embeddings or max_position_embeddings
+            if trained is None:
+                raise ValueError(
+                    f"{self.name}: scaling={self.scaling!r} needs the trained context length, and this model's config "
+                    "has no max_position_embeddings; pass original_max_position_embeddings=<trained length>."
+                )
+            params["original_max_position_embeddings"] = trained
         if self.scaling == "llama3":
             params.update(_LLAMA3_DEFAULTS)
         params.update(self.scaling_options)

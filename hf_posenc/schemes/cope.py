@@ -79,11 +79,12 @@ class CoPEConfig(FrequencySchemeConfig):
             raise ValueError(f"{self.name}: clip_low_n must be >= 0, got {self.clip_low_n}.")
 
     def check_model(self, head_dim: int) -> None:
+        """``head_dim``: the rotated dimensions of a head (all of it, or its ``partial_rotary_factor`` fraction)."""
         n_freq = head_dim // 2
         if self.clip_low_n is not None and self.clip_low_n > n_freq:
             raise ValueError(
                 f"{self.name}: clip_low_n={self.clip_low_n} exceeds the model's {n_freq} RoPE frequencies "
-                f"(head_dim {head_dim}); use a value in [0, {n_freq}]."
+                f"(rotated frequency pairs of {head_dim} rotated head dimensions); use a value in [0, {n_freq}]."
             )
 
     def resolved(self, head_dim: int) -> CoPEConfig:
@@ -93,7 +94,14 @@ class CoPEConfig(FrequencySchemeConfig):
         return dataclasses.replace(self, clip_low_n=round(PAPER_CLIP_LOW_N * n_freq / PAPER_N_FREQ))
 
     def rope_parameters(self, model_params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> dict:
+        """``head_dim``: the rotated dimensions (partial rotary models rotate a fraction of each head)."""
         base = self.base_rope_parameters(model_params, max_position_embeddings)
+        if base["rope_type"] == "proportional":
+            raise ValueError(
+                f"{self.name}: the model's rope type is already 'proportional' (p-RoPE, zero frequencies above its "
+                "fraction), so its lowest frequencies are not RoPE's; pass scaling='linear' (or another scaling) to "
+                "replace it, or use scheme='prope'."
+            )
         n = self.clip_low_n
         if base["rope_type"] == "longrope":
             f = taper_factors(head_dim // 2, n, self.hard).clamp(max=STOCK_INF_FACTOR)
@@ -132,8 +140,11 @@ def _shadow_config(config: Any, layer_type: str | None, params: dict[str, Any]) 
     return shadow
 
 
-def _head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+def _rotary_dim(config: Any, params: dict[str, Any]) -> int:
+    """The rotated head dimensions, as Transformers' rope init functions compute them:
+    ``int(head_dim · partial_rotary_factor)``."""
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    return int(head_dim * params.get("partial_rotary_factor", 1.0))
 
 
 def clipped_rope_init(
@@ -144,7 +155,7 @@ def clipped_rope_init(
     params = _layer_params(config, layer_type)
     clip_low_n, base_type = params["clip_low_n"], params["base_rope_type"]
     if base_type == "default":
-        dim = _head_dim(config)
+        dim = _rotary_dim(config, params)
         f = taper_factors(dim // 2, clip_low_n, hard).to(device=device, dtype=torch.float32)
         exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
         return 1.0 / (f * params["rope_theta"] ** exponent), 1.0
@@ -186,9 +197,10 @@ def validate_clipped_rope_parameters(config: Any, rope_parameters: dict[str, Any
     missing = [k for k in SCHEME_KEYS + ("rope_theta",) if k not in rope_parameters]
     if missing:
         raise KeyError(f"rope_parameters of type {rope_parameters['rope_type']!r} miss {missing}.")
-    n, n_freq = rope_parameters["clip_low_n"], _head_dim(config) // 2
+    n, n_freq = rope_parameters["clip_low_n"], _rotary_dim(config, rope_parameters) // 2
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= n_freq:
-        raise ValueError(f"rope_parameters: clip_low_n must be an int in [0, {n_freq}], got {n!r}.")
+        raise ValueError(f"rope_parameters: clip_low_n must be an int in [0, {n_freq}] (the rotated frequency "
+                         f"pairs), got {n!r}.")
     base = {k: v for k, v in rope_parameters.items() if k not in SCHEME_KEYS}
     base["rope_type"] = rope_parameters["base_rope_type"]
     validate = getattr(config, f"_validate_{base['rope_type']}_rope_parameters", None)

@@ -42,13 +42,32 @@ class PRoPEConfig(FrequencySchemeConfig):
             )
 
     def rope_parameters(self, model_params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> dict:
+        """``head_dim``: the rotated dimensions. A partial-rotary model (``partial_rotary_factor`` < 1) keeps the
+        fraction p of its rotated frequency pairs, ``int(p·r // 2)`` of the r/2 frequencies b^(−2i/r); Transformers'
+        ``proportional`` type reads ``partial_rotary_factor`` as p over the whole head, so there the same
+        frequencies are written as HardClip of the other pairs (bit-identical zeros, the kept ones unchanged)."""
         base = self.base_rope_parameters(model_params, max_position_embeddings)
         if base["rope_type"] not in ("default", "linear"):
             raise ValueError(
                 f"prope: the model's rope type {base['rope_type']!r} cannot be combined with p-RoPE; pass "
                 "scaling='linear' (or none) to replace it."
             )
+        rotated = base.get("partial_rotary_factor", 1.0)
+        if rotated != 1.0:
+            return rotated_pairs_kept(base, head_dim, int(self.p * head_dim // 2))
         params = {"rope_type": "proportional", "rope_theta": base["rope_theta"], "partial_rotary_factor": float(self.p)}
         if base["rope_type"] == "linear":
             params["factor"] = base["factor"]
         return params
+
+
+def rotated_pairs_kept(base: dict[str, Any], rotary_dim: int, keep: int) -> dict[str, Any]:
+    """Rope parameters (HardClip over a ``default``/``linear`` base) that keep the first ``keep`` of a partial-rotary
+    model's ``rotary_dim // 2`` frequencies and stop the others from rotating; ``partial_rotary_factor`` stays."""
+    params = {
+        "rope_type": "hardclip", "base_rope_type": base["rope_type"], "clip_low_n": rotary_dim // 2 - keep,
+        "rope_theta": base["rope_theta"], "partial_rotary_factor": base["partial_rotary_factor"],
+    }
+    if base["rope_type"] == "linear":
+        params["factor"] = base["factor"]
+    return params

@@ -74,6 +74,12 @@ class TAPAConfig(SchemeConfig):
         tapa_split(head_dim, self.theta)
 
     def rope_parameters(self, model_params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> dict:
+        """No rotation. ``head_dim``: the rotated dimensions; a partial-rotary model keeps its rotated width (zero
+        frequencies on its rotated pairs), since ``proportional`` would widen the rotation to the whole head."""
+        if model_params.get("partial_rotary_factor", 1.0) != 1.0:
+            from .prope import rotated_pairs_kept
+
+            return rotated_pairs_kept({**model_params, "rope_type": "default"}, head_dim, 0)
         return {"rope_type": "proportional", "rope_theta": model_params["rope_theta"], "partial_rotary_factor": 0.0}
 
 
