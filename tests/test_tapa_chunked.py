@@ -7,6 +7,7 @@ modes, autocast, bounded memory, dispatch, and the CPU benchmark's smoke mode.""
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 
@@ -457,3 +458,28 @@ def test_benchmark_smoke(tmp_path):
             if rec["mode"] == "fwd":  # measured in a fresh process
                 assert row["peak_rss_bytes"] >= row["rss_inputs_bytes"] > 0
         assert math.isfinite(rec["ratios"]["chunked_over_sdpa_time"])
+
+
+def test_tapa_cpu_path_with_a_batch_of_position_ids_matches_the_reference():
+    """The trainer passes position ids [B, L] with B > 1; Transformers' keys are a transposed view, which the
+    chunked path must lay out before flattening batch and heads (it raised a view error before)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from hf_posenc import patch_model
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=64, hidden_size=64, intermediate_size=96, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=2, head_dim=32, max_position_embeddings=32)
+    base = LlamaForCausalLM(cfg).train()
+    ids = torch.randint(0, 64, (3, 24))
+    positions = torch.arange(24).expand(3, 24).contiguous()
+    outs = {}
+    for backend in ("chunked", "reference"):
+        model = copy.deepcopy(base)
+        with pytest.warns(UserWarning, match="needs training"):
+            patch_model(model, "tapa", backend=backend)
+        logits = model(input_ids=ids, position_ids=positions, use_cache=False).logits
+        logits.square().mean().backward()
+        outs[backend] = (logits.detach(), model.model.layers[0].self_attn.k_proj.weight.grad)
+    torch.testing.assert_close(outs["chunked"][0], outs["reference"][0], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(outs["chunked"][1], outs["reference"][1], rtol=1e-4, atol=1e-9)

@@ -309,8 +309,10 @@ def _operands(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, plan: _Plan) ->
     q, k, v = q.detach(), k.detach(), v.detach()  # operands never carry autograd history (the Function does)
     qa = plan.rows(q[..., : plan.Da]) * (plan.c_a * LOG2E)  # s·log2(e) = (c_A·log2(e)·q_A)·k_A·cos(2πr)
     qp = plan.rows(q[..., plan.Da :])
-    kc = k.to(plan.dtype)
-    ka = kc[..., : plan.Da]  # strided views (row stride D): BLAS reads them as they are, no copy of the keys
+    # one [B, Hkv, Lk, D] block: Transformers hands TAPA its keys unrotated, as a transposed view of [B, Lk, Hkv, D],
+    # whose batch and head dims cannot be merged for the batched matmuls without it
+    kc = k.to(plan.dtype).contiguous()
+    ka = kc[..., : plan.Da]  # strided views of it (row stride D): BLAS reads them as they are
     kp = kc[..., plan.Da :]
     if plan.args.linear:
         qp, kp = qp.sum(-1), kp.sum(-1)
