@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
            "hf_posenc.evaluation.cli", "add_eval_arguments", "run_eval")
     _mount(sub, "diagnose", "the papers' analyses (frequency usage, positional heads, disentanglement, ...)",
            "hf_posenc.diagnostics.cli", "add_diagnose_arguments", "run_diagnose")
+    _mount(sub, "experiment", "miniature reproductions of the papers' claims: every scheme side by side, several seeds",
+           "hf_posenc.experiments.cli", "add_experiment_arguments", "run_experiment")
     _mount(sub, "selftest", "check every TAPA/TAPE kernel against its reference, then time them against RoPE",
            "hf_posenc.selftest.cli", "add_selftest_arguments", "run_selftest_command")
     return parser

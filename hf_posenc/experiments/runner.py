@@ -1,0 +1,225 @@
+"""Running an experiment's grid of (scheme, seed) cells with the project's trainer and evaluation, caching each
+finished cell, and summarising the seeds as mean ± sample standard deviation.
+
+A cell is one training run (:func:`hf_posenc.training.run_training` on a recipe built here, byte tokenizer,
+chunked loss) followed by the recipe's own evaluation (:mod:`hf_posenc.evaluation` perplexity on the held-out
+text). Its result goes to ``<work>/<scheme>/seed<k>/cell.json`` together with the fingerprint of every setting
+that shaped it; a rerun with the same settings reuses it (an interrupted experiment resumes where it stopped),
+and any change of settings retrains.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import math
+import re
+import shutil
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .config import ModelSettings, TrainSettings
+
+# relative cost of a cell per scheme, for the time estimate (TAPA's phase attention: ~1.7x RoPE on CPU)
+COST = {"tapa": 1.7, "tape": 1.3}
+
+
+def slug(label: str) -> str:
+    """A directory name for a report label (``"p-RoPE 0.25"`` -> ``p-rope-0.25``)."""
+    return re.sub(r"[^a-z0-9.]+", "-", label.lower()).strip("-")
+
+
+def fingerprint(settings: dict[str, Any]) -> str:
+    """A short hash of the JSON form of ``settings``."""
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def scheme_fields(spec: str) -> dict[str, Any]:
+    """A recipe's ``scheme`` section (``{"name": ..., **options}``) from a spec such as ``prope:p=0.25``."""
+    from ..schemes.spec import parse_scheme_spec
+
+    scheme = parse_scheme_spec(spec)
+    defaults = type(scheme)()
+    options = {k: v for k, v in scheme.to_dict().items() if v != getattr(defaults, k)}
+    return {"name": scheme.name, **options}
+
+
+def build_recipe(*, scheme: str, seed: int, context_length: int, model: ModelSettings, train: TrainSettings,
+                 tokenizer_dir: str, vocab_size: int, eos_id: int, train_files: Sequence[str], output_dir: str,
+                 eval_file: str, eval_lengths: Sequence[int], eval_tokens: int, base_model: str | None = None,
+                 max_positions: int | None = None) -> Any:
+    """The validated :class:`~hf_posenc.training.Recipe` of one cell: from scratch (``model`` as an inline Llama
+    config) or continued from ``base_model`` (a saved model directory), full fine-tuning, evaluation on
+    ``eval_file`` with disjoint windows."""
+    from ..training.config import load_recipe
+
+    model_section: dict[str, Any] = {"tokenizer": tokenizer_dir, "attn_implementation": "sdpa"}
+    if base_model is None:
+        model_section["config"] = model.llama_config(vocab_size, eos_id, max_positions or context_length)
+    else:
+        model_section["path"] = base_model
+    data = {
+        "description": f"{scheme} seed {seed} at {context_length} bytes",
+        "model": model_section,
+        "scheme": scheme_fields(scheme),
+        "context_length": context_length,
+        "data": {"files": list(train_files), "packing": "concat"},
+        "peft": {"enabled": False},
+        "training": {
+            "max_steps": train.steps, "learning_rate": train.learning_rate, "lr_scheduler_type": "cosine",
+            "warmup_steps": train.warmup_steps, "weight_decay": train.weight_decay,
+            "per_device_train_batch_size": train.batch_size, "gradient_checkpointing": False,
+            "save_steps": train.steps + 1, "save_total_limit": 1, "logging_steps": max(1, train.steps // 20),
+            "use_cpu": True, "seed": seed, "extra": {"disable_tqdm": True},
+        },
+        "loss": {"implementation": "chunked", "chunk_size": 4096},
+        "output": {"dir": output_dir, "save_tokenizer": False},
+        "evaluation": {"enabled": True, "lengths": list(eval_lengths), "tasks": ["ppl"], "text_files": [eval_file],
+                       "options": {"progress": False, "stride": max(eval_lengths), "max_tokens": eval_tokens}},
+    }
+    return load_recipe(data=data)
+
+
+def train_and_evaluate(recipe: Any, log_path: Path) -> dict[str, Any]:
+    """Run ``recipe`` (training, then its evaluation), the trainer's output going to ``log_path``; returns the
+    per-length perplexities, the training losses and the time taken."""
+    from ..training.trainer import run_training
+
+    start = time.perf_counter()
+    with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), \
+            warnings.catch_warnings():
+        warnings.simplefilter("default")
+        result = run_training(recipe)
+    seconds = time.perf_counter() - start
+    if not result.evaluation:
+        raise RuntimeError(f"the run in {recipe.output.dir} produced no evaluation (see {log_path})")
+    return {
+        "perplexity": {int(p["context_length"]): {"nll": p["nll"], "ppl": p["perplexity"],
+                                                  "num_scored": p["num_scored"]}
+                       for p in result.evaluation["perplexity"]},
+        "losses": result.losses,
+        "final_train_loss": result.losses[-1] if result.losses else None,
+        "seconds": seconds,
+        "model_dir": result.model_dir,
+    }
+
+
+@dataclass
+class Cell:
+    """One (scheme, seed) run of an experiment."""
+
+    label: str
+    spec: str
+    seed: int
+    directory: Path
+    settings: dict[str, Any]
+    make_recipe: Callable[[str], Any]  # output_dir -> recipe
+    result: dict[str, Any] | None = None
+
+    @property
+    def cost(self) -> float:
+        return COST.get(self.spec.split(":")[0], 1.0)
+
+    def cached(self) -> dict[str, Any] | None:
+        path = self.directory / "cell.json"
+        if path.is_file():
+            data = json.loads(path.read_text())
+            if data.get("fingerprint") == fingerprint(self.settings):
+                return data
+        return None
+
+    def run(self) -> dict[str, Any]:
+        """The cell's result, from its cache or by training now."""
+        found = self.cached()
+        if found is not None:
+            self.result = found
+            return found
+        if self.directory.exists():
+            shutil.rmtree(self.directory)
+        run_dir = self.directory / "run"
+        self.directory.mkdir(parents=True)
+        out = train_and_evaluate(self.make_recipe(str(run_dir)), self.directory / "train.log")
+        self.result = {"label": self.label, "spec": self.spec, "seed": self.seed,
+                       "fingerprint": fingerprint(self.settings), **out}
+        (self.directory / "cell.json").write_text(json.dumps(self.result, indent=2))
+        return self.result
+
+
+def run_cells(cells: Sequence[Cell], desc: str, progress: bool = True) -> list[dict[str, Any]]:
+    """Run every cell in order with a progress bar whose postfix is a cost-weighted estimate of the time left."""
+    from tqdm.auto import tqdm
+
+    done_cost, done_seconds = 0.0, 0.0
+    total_cost = sum(c.cost for c in cells)
+    results = []
+    with tqdm(total=len(cells), desc=desc, unit="run", disable=not progress, file=sys.stderr) as bar:
+        for cell in cells:
+            bar.set_postfix_str(f"{cell.label} seed {cell.seed}" + _eta(done_seconds, done_cost, total_cost))
+            cached = cell.cached() is not None
+            start = time.perf_counter()
+            results.append(cell.run())
+            if not cached:
+                done_seconds += time.perf_counter() - start
+                done_cost += cell.cost
+            else:
+                total_cost -= cell.cost
+            bar.update(1)
+        bar.set_postfix_str("done")
+    return results
+
+
+def _eta(seconds: float, cost: float, total: float) -> str:
+    if cost <= 0:
+        return ""
+    left = seconds / cost * max(0.0, total - cost)
+    return f" | about {left / 60:.1f} min left"
+
+
+def mean_sd(values: Sequence[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (``0.0`` for one value); infinities propagate to the mean."""
+    vals = [float(v) for v in values]
+    if not vals:
+        raise ValueError("mean_sd of no values")
+    if any(math.isinf(v) or math.isnan(v) for v in vals):
+        return (math.inf if all(not math.isnan(v) for v in vals) else math.nan), math.nan
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
+
+
+@dataclass
+class Summary:
+    """Per scheme and length, the seeds' mean ± sd of the held-out loss (nats per byte)."""
+
+    lengths: list[int]
+    rows: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
+    train_loss: dict[str, tuple[float, float]] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_results(cls, results: Sequence[dict[str, Any]], lengths: Sequence[int]) -> Summary:
+        out = cls(lengths=list(lengths))
+        labels = list(dict.fromkeys(r["label"] for r in results))
+        for label in labels:
+            mine = [r for r in results if r["label"] == label]
+            out.rows[label] = {n: mean_sd([r["perplexity"][str(n)]["nll"] if str(n) in r["perplexity"]
+                                           else r["perplexity"][n]["nll"] for r in mine]) for n in lengths}
+            losses = [r["final_train_loss"] for r in mine if r.get("final_train_loss") is not None]
+            if losses:
+                out.train_loss[label] = mean_sd(losses)
+            out.seconds[label] = statistics.fmean(r["seconds"] for r in mine)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "lengths": self.lengths,
+            "heldout_nll": {label: {str(n): {"mean": m, "sd": s} for n, (m, s) in row.items()}
+                            for label, row in self.rows.items()},
+            "final_train_loss": {label: {"mean": m, "sd": s} for label, (m, s) in self.train_loss.items()},
+            "seconds_per_run": self.seconds,
+        }
