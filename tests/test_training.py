@@ -305,6 +305,46 @@ def test_two_process_run(workspace):
     assert state["global_step"] == 3
 
 
+FSDP2_CPU = """compute_environment: LOCAL_MACHINE
+distributed_type: FSDP
+mixed_precision: "no"
+num_machines: 1
+num_processes: 2
+machine_rank: 0
+main_training_function: main
+fsdp_config:
+  fsdp_version: 2
+  fsdp_auto_wrap_policy: TRANSFORMER_BASED_WRAP
+  fsdp_state_dict_type: FULL_STATE_DICT
+use_cpu: false
+"""
+
+
+@pytest.mark.parametrize("config,use_cpu,expected", [
+    ("fsdp2", True, "did not enable it (training.use_cpu is set: it then runs DDP instead)"),
+    ("fsdp2", False, "did not enable it, so nothing would be sharded"),
+    ("ddp", False, "each would train alone"),
+])
+def test_a_launch_the_trainer_would_run_unsharded_is_refused(workspace, config, use_cpu, expected):
+    """Two CPU processes that the Trainer would quietly run as something else: FSDP2 (recipes/accelerate/fsdp2.yaml's
+    settings) becomes DDP with use_cpu and unsharded without it; DDP without use_cpu becomes two processes training
+    alone. Each ended normally before; now each fails before any step, naming what happened."""
+    (workspace / "fsdp2-cpu.yaml").write_text(FSDP2_CPU)
+    config_file = workspace / "fsdp2-cpu.yaml" if config == "fsdp2" else REPO / "recipes" / "accelerate" / "cpu-2proc.yaml"
+    name = f"refused-{config}-{int(use_cpu)}"
+    recipe = _recipe(workspace, name, training={"max_steps": 2, "save_steps": 2, "use_cpu": use_cpu})
+    (workspace / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
+    port = 29540 + 2 * (config == "ddp") + int(use_cpu)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config_file),
+           "--main_process_port", str(port), "-m", "hf_posenc.training.cli", str(workspace / f"{name}.yaml")]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, timeout=180)
+    err = done.stderr.decode()
+    assert done.returncode != 0, err[-2000:]
+    assert expected in err, err[-3000:]
+    log = workspace / name / "log.jsonl"
+    assert not log.exists() or not any("loss" in r for r in read_log(log))
+
+
 def test_shipped_recipes_parse():
     recipes = sorted((REPO / "recipes").glob("*.yaml"))
     assert len(recipes) >= 8

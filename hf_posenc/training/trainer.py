@@ -347,6 +347,31 @@ def _is_main() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
+def check_launch(trainer: Trainer) -> None:
+    """Refuse a launch the Trainer would quietly run as something else: ``accelerate launch`` with an FSDP or
+    DeepSpeed config whose engine the Trainer did not enable (with ``use_cpu`` it falls back to DDP), or several
+    processes that each train alone (no distributed mode). Measured with accelerate's FSDP2 config on two CPU
+    processes: both happen, and the run ends normally with nothing sharded."""
+    from transformers.training_args import ParallelMode
+
+    asked = [name for name, var in (("FSDP", "ACCELERATE_USE_FSDP"), ("DeepSpeed", "ACCELERATE_USE_DEEPSPEED"))
+             if os.environ.get(var, "false").lower() == "true"]
+    enabled = {"FSDP": trainer.is_fsdp_enabled, "DeepSpeed": trainer.is_deepspeed_enabled}
+    for engine in asked:
+        if not enabled[engine]:
+            raise RuntimeError(
+                f"accelerate launched this run with {engine}, but the Trainer did not enable it"
+                f"{' (training.use_cpu is set: it then runs DDP instead)' if trainer.args.use_cpu else ''}, so "
+                f"nothing would be sharded. {engine} needs GPUs here; on CPU use recipes/accelerate/cpu-2proc.yaml (DDP)."
+            )
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and trainer.args.parallel_mode != ParallelMode.DISTRIBUTED:
+        raise RuntimeError(
+            f"{world} processes were launched but the Trainer is not in distributed mode, so each would train alone "
+            "on its own data; on CPU set training.use_cpu: true and launch with recipes/accelerate/cpu-2proc.yaml."
+        )
+
+
 def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     """Run ``recipe`` (already validated); ``resume`` continues from the newest checkpoint in ``output.dir``."""
     from ..patching import patch_model
@@ -392,6 +417,7 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
         callbacks=[JsonlLogCallback(log_path)], loss_implementation=recipe.loss.implementation,
         chunk_size=recipe.loss.chunk_size, causal_lm=causal_lm,
     )
+    check_launch(trainer)
     trainer.train(resume_from_checkpoint=last if resume else None)
 
     model_dir = out / ("adapter" if recipe.peft.enabled else "model")
