@@ -126,7 +126,7 @@ class LengthGeneralisationConfig:
 
     @classmethod
     def preset(cls, size: str, seeds: int = 3) -> LengthGeneralisationConfig:
-        """``toy``: seconds per run, for the CI smoke test; ``small``: the committed experiment (about 30 min with
+        """``toy``: seconds per run, for the CI smoke test; ``small``: the committed experiment (about 11 min with
         3 seeds on 2 idle CPU cores)."""
         if size == "toy":
             return cls(size="toy", context_length=16, eval_multiples=(1, 2, 4, 8), eval_tokens=1024,
@@ -135,7 +135,7 @@ class LengthGeneralisationConfig:
         if size == "small":
             return cls(size="small", context_length=64, eval_multiples=(1, 2, 4, 8), eval_tokens=16384,
                        train_chars=None, model=ModelSettings(64, 192, 2, 2, 32),
-                       train=TrainSettings(steps=250, batch_size=16, learning_rate=5e-3, warmup_steps=25),
+                       train=TrainSettings(steps=1000, batch_size=16, learning_rate=3e-3, warmup_steps=50),
                        seeds=seeds)
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
 
