@@ -14,16 +14,11 @@ from .patches.base import FamilyAdapter, required_attn_implementation
 from .patches.derive import FamilyRefused
 from .record import RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
+from .schemes.cope import rotary_dim
 
 
 def _head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-
-
-def rotary_dim(config: Any, layer_params: dict[str, Any]) -> int:
-    """The head dimensions a layer's rotary embedding rotates: ``int(head_dim · partial_rotary_factor)``, as
-    Transformers' rope init functions compute it (Phi, StableLM, GPT-NeoX, Persimmon, GLM rotate a fraction)."""
-    return int(_head_dim(config) * layer_params.get("partial_rotary_factor", 1.0))
 
 
 # rope_parameters keys read by a family's attention or rotary module itself, kept when a scheme rewrites the rest.

@@ -140,7 +140,7 @@ def _shadow_config(config: Any, layer_type: str | None, params: dict[str, Any]) 
     return shadow
 
 
-def _rotary_dim(config: Any, params: dict[str, Any]) -> int:
+def rotary_dim(config: Any, params: dict[str, Any]) -> int:
     """The rotated head dimensions, as Transformers' rope init functions compute them:
     ``int(head_dim · partial_rotary_factor)``."""
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
@@ -155,7 +155,7 @@ def clipped_rope_init(
     params = _layer_params(config, layer_type)
     clip_low_n, base_type = params["clip_low_n"], params["base_rope_type"]
     if base_type == "default":
-        dim = _rotary_dim(config, params)
+        dim = rotary_dim(config, params)
         f = taper_factors(dim // 2, clip_low_n, hard).to(device=device, dtype=torch.float32)
         exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
         return 1.0 / (f * params["rope_theta"] ** exponent), 1.0
@@ -197,7 +197,7 @@ def validate_clipped_rope_parameters(config: Any, rope_parameters: dict[str, Any
     missing = [k for k in SCHEME_KEYS + ("rope_theta",) if k not in rope_parameters]
     if missing:
         raise KeyError(f"rope_parameters of type {rope_parameters['rope_type']!r} miss {missing}.")
-    n, n_freq = rope_parameters["clip_low_n"], _rotary_dim(config, rope_parameters) // 2
+    n, n_freq = rope_parameters["clip_low_n"], rotary_dim(config, rope_parameters) // 2
     if isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= n_freq:
         raise ValueError(f"rope_parameters: clip_low_n must be an int in [0, {n_freq}] (the rotated frequency "
                          f"pairs), got {n!r}.")
