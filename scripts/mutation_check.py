@@ -320,6 +320,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_training.py::test_bad_recipes_name_the_key_or_path",),
         "override values are YAML (numbers, lists, booleans), not strings",
     ),
+    Mutation(
+        "patched-class-skips-model-level-init-on-load", "hf_posenc/patches/base.py",
+        "        return False\n",
+        "        return True\n",
+        ("tests/test_families.py::test_family_checks_give_its_table_row[falcon_h1]",),
+        "a patched class reloads its family's unsaved buffers (FalconH1's mup_vector) through the family's init",
+    ),
 )
 
 

@@ -41,9 +41,22 @@ SHRINK: dict[str, Any] = {
 MAX_PARAMS = 5_000_000  # a tiny model; anything larger means the shrink missed a size
 # Config-specific sizes the generic shrink cannot guess.
 EXTRA: dict[str, dict[str, Any]] = {
-    "dots3_note_text": {"index_topk": 8, "shared_experts_intermediate_size": 32},
+    "dots3_note_text": {"index_topk": 8, "shared_experts_intermediate_size": 32, "index_head_dim": 16, "index_n_heads": 2,
+                        "head_dim": 32,
+                        "per_layer_config": {"01": {"num_attention_heads": 2, "num_key_value_heads": 2}}},
+    "dbrx": {"d_model": 64, "n_heads": 4, "n_layers": 2, "max_seq_len": 256,
+             "attn_config": {"kv_n_heads": 2, "rope_theta": 10000.0, "clip_qkv": 8.0}, "ffn_config": {"ffn_hidden_size": 32, "moe_num_experts": 4, "moe_top_k": 2}},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"], "num_dense_layers": 1},
+    "gemma3n_text": {"num_hidden_layers": 4, "num_kv_shared_layers": 2,  # the last two layers reuse the cache
+                     "layer_types": ["sliding_attention", "full_attention"] * 2, "vocab_size_per_layer_input": VOCAB, "hidden_size_per_layer_input": 16,
+                     "laurel_rank": 8},
+    "phi4_multimodal": {"audio_config": {"num_blocks": 1, "nemo_conv_channels": 16, "ext_pw_out_channel": 64,
+                                         "depthwise_separable_out_channel": 64}},
+    "blt": {"encoder_hash_byte_group_vocab": 64, "encoder_config": {"hidden_size_global": 64},
+            "decoder_config": {"hidden_size_global": 64}},
     "gemma4_text": {"vocab_size_per_layer_input": VOCAB},
-    "longcat_flash": {"ffn_hidden_size": 128, "expert_ffn_hidden_size": 32},
+    "longcat_flash": {"ffn_hidden_size": 128, "expert_ffn_hidden_size": 32, "num_layers": 2, "moe_topk": 2,
+                      "zero_expert_num": 2},
     "zaya": {"num_experts_per_tok": 1},
     "bamba": {"attn_layer_indices": [1]},
     "granitemoehybrid": {"layer_types": ["mamba", "attention"]},
@@ -63,6 +76,26 @@ def _shrink_list(values: list, n: int) -> list:
     return (distinct + list(values))[:n] if len(distinct) == len(set(map(repr, distinct))) else list(values)[:n]
 
 
+def _shrunk(values: dict[str, Any], sub_configs: dict[str, Any], extra: dict[str, Any]) -> dict[str, Any]:
+    """Keyword overrides that shrink one config's ``values`` (and, recursively, its sub-configs': BLT's local and
+    global transformers, a multimodal model's vision and audio towers); ``extra``: the type's own sizes, a dict for
+    a sub-config key merging into that sub-config."""
+    layers_before = values.get("num_hidden_layers")
+    kw = {k: v for k, v in SHRINK.items() if k in values}
+    n = extra.get("num_hidden_layers", kw.get("num_hidden_layers", layers_before))
+    for key, value in values.items():
+        if isinstance(value, list) and layers_before and len(value) == layers_before and key not in kw:
+            kw[key] = _shrink_list(value, n)
+    if "kv_lora_rank" in values and "num_key_value_heads" in kw:  # MLA: one key/value head per query head
+        kw["num_key_value_heads"] = kw["num_attention_heads"]
+    for key, sub_class in sub_configs.items():
+        if isinstance(values.get(key), dict):
+            kw[key] = {**values[key], **_shrunk(values[key], getattr(sub_class, "sub_configs", {}) or {},
+                                                extra.get(key, {}))}
+    kw.update({k: v for k, v in extra.items() if not (k in sub_configs and isinstance(v, dict))})
+    return kw
+
+
 def tiny_config(model_type: str) -> Any:
     """A two-layer random config of ``model_type``: Transformers' defaults with every size shrunk."""
     config_class, _ = stock_classes(model_type)
@@ -70,16 +103,7 @@ def tiny_config(model_type: str) -> Any:
         default = config_class()
     except Exception as exc:  # the defaults of some configs do not validate; shrink from the raw defaults then
         raise TinyConfigError(f"default {config_class.__name__}() fails: {type(exc).__name__}: {exc}") from exc
-    values = default.to_dict()
-    layers_before = values.get("num_hidden_layers")
-    kw = {k: v for k, v in SHRINK.items() if k in values}
-    n = kw.get("num_hidden_layers", layers_before)
-    for key, value in values.items():
-        if isinstance(value, list) and layers_before and len(value) == layers_before and key not in kw:
-            kw[key] = _shrink_list(value, n)
-    if "kv_lora_rank" in values and "num_key_value_heads" in kw:  # MLA: one key/value head per query head
-        kw["num_key_value_heads"] = kw["num_attention_heads"]
-    kw.update(EXTRA.get(model_type, {}))
+    kw = _shrunk(default.to_dict(), getattr(config_class, "sub_configs", {}) or {}, EXTRA.get(model_type, {}))
     try:
         return config_class(**kw)
     except Exception as exc:  # reported as the row's reason; the builder then needs an EXTRA entry
@@ -190,6 +214,11 @@ def _round_trip(model: Any, ids: torch.Tensor, expected: torch.Tensor, keep: Any
         want = model.state_dict()
         for name, tensor in loaded.state_dict().items():
             assert torch.equal(tensor, want[name]), f"save/load changed {name}"
+        # buffers that are not saved are rebuilt by the family's init on load (FalconH1's Mamba mup_vector): the
+        # patched class must run that init, not leave uninitialised memory
+        want = dict(model.named_buffers())
+        for name, tensor in loaded.named_buffers():
+            assert torch.equal(tensor, want[name]), f"save/load did not rebuild the buffer {name}"
         # the scheme itself survives bit for bit (its effect on tiny logits can be below the reload tolerance)
         freqs = rotary_inv_freqs(model)
         for name, tensor in rotary_inv_freqs(loaded).items():
@@ -210,14 +239,21 @@ def _generation(model: Any, ids: torch.Tensor, steps: int = 3) -> None:
     assert torch.equal(cached, greedy_without_cache(model, ids, steps)), "cached generation != full forward"
 
 
+def active_options(stock: Any, scheme: str) -> dict[str, Any]:
+    """The active settings of a frequency scheme on ``stock``: CoPE/HardClip clip at most the pairs it rotates
+    (partial rotary such as GPT-NeoX or StableLM may rotate fewer than the setting clips)."""
+    active = FREQUENCY_SCHEMES[scheme][1]
+    if "clip_low_n" in active:
+        pairs = [f.shape[-1] for f in rotary_inv_freqs(stock).values()]
+        active = {**active, "clip_low_n": min([active["clip_low_n"], *pairs])}
+    return active
+
+
 def check_frequency_scheme(stock: Any, scheme: str, ids: torch.Tensor, reference: torch.Tensor,
                            round_trip: bool, keep: Any = None) -> None:
     """Identity settings bitwise equal; active settings: frequencies by the formula, cached generation equal to
     the full forward, and (``round_trip``) save/load giving the same logits."""
-    identity, active = FREQUENCY_SCHEMES[scheme]
-    if "clip_low_n" in active:  # partial rotary (GPT-NeoX, StableLM) may rotate fewer pairs than the setting clips
-        pairs = [f.shape[-1] for f in rotary_inv_freqs(stock).values()]
-        active = {**active, "clip_low_n": min([active["clip_low_n"], *pairs])}
+    identity, active = FREQUENCY_SCHEMES[scheme][0], active_options(stock, scheme)
     model = _patch(copy.deepcopy(stock), scheme, layers="all", **identity)
     assert torch.equal(logits(model, ids), reference), f"{scheme} {identity}: logits differ from the unpatched model"
     before = rotary_inv_freqs(stock)
@@ -235,22 +271,39 @@ def check_frequency_scheme(stock: Any, scheme: str, ids: torch.Tensor, reference
 
 
 def check_tapa(stock: Any, ids: torch.Tensor) -> None:
-    model = _patch(copy.deepcopy(stock), "tapa", backend="reference")
+    model = patched_for_round_trip(stock, "tapa")
     out = logits(model, ids)
     assert torch.isfinite(out).all(), "tapa: non-finite logits"
     _generation(model, ids)
     _round_trip(model, ids, out)
 
 
+def move_tape_states(model: Any) -> Any:
+    """Give a zero-initialised TAPE model non-zero state updates (seeded), so its positional states move."""
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer, "tape"):
+                for weight in (layer.tape.attn_mix.weight, layer.tape.w2.weight):
+                    weight.copy_(torch.randn(weight.shape, generator=g) * 0.1)
+    return model
+
+
+def patched_for_round_trip(stock: Any, scheme: str) -> Any:
+    """The patched model whose checkpoint the round trips save: active settings of a frequency scheme, TAPA's
+    reference backend, TAPE with moving states."""
+    if scheme in FREQUENCY_SCHEMES:
+        return _patch(copy.deepcopy(stock), scheme, layers="all", **active_options(stock, scheme))
+    if scheme == "tapa":
+        return _patch(copy.deepcopy(stock), "tapa", backend="reference")
+    return move_tape_states(_patch(copy.deepcopy(stock), "tape"))
+
+
 def check_tape(stock: Any, ids: torch.Tensor, reference: torch.Tensor) -> None:
     model = _patch(copy.deepcopy(stock), "tape")
     out = logits(model, ids)
     assert torch.equal(out, reference), "tape: zero-initialised TAPE changed the logits"
-    with torch.no_grad():  # make the positional states move, then check the cache and the round trip
-        for layer in model.model.layers:
-            if hasattr(layer, "tape"):
-                layer.tape.attn_mix.weight.normal_(std=0.1)
-                layer.tape.w2.weight.normal_(std=0.1)
+    model = move_tape_states(model)  # make the positional states move, then check the cache and the round trip
     out = logits(model, ids)
     _generation(model, ids)
     _round_trip(model, ids, out)
@@ -270,7 +323,11 @@ def check_family(model_type: str, schemes: tuple[str, ...] = SCHEMES, round_trip
     except TinyConfigError as exc:
         return {s: {"status": "untested", "reason": f"no tiny config: {exc}"} for s in schemes}
     ids = input_ids()
-    reference = logits(stock, ids)
+    try:
+        reference = logits(stock, ids)
+    except Exception as exc:  # the unpatched model itself does not run: a scheme is refused, or cannot be checked
+        failed = f"the unpatched tiny model's forward fails: {type(exc).__name__}: {exc}"[:300]
+        return {s: _refused_or(stock, s, {"status": "untested", "reason": failed}) for s in schemes}
     results = {}
     for scheme in schemes:
         try:
@@ -293,6 +350,15 @@ def check_family(model_type: str, schemes: tuple[str, ...] = SCHEMES, round_trip
     return results
 
 
+def _refused_or(stock: Any, scheme: str, otherwise: dict[str, str]) -> dict[str, str]:
+    """``scheme``'s refusal on ``stock`` as a table entry, or ``otherwise`` where patch_model accepts it."""
+    try:
+        _patch(copy.deepcopy(stock), scheme)
+    except Refused as exc:
+        return {"status": "refused", "reason": refusal_reason(str(exc))}
+    return otherwise
+
+
 def refusal_reason(message: str) -> str:
     """The reason part of a refusal message (between the model type and the list of verified families)."""
     reason = message.split(": ", 1)[-1]
@@ -303,4 +369,5 @@ def universe() -> list[str]:
     return rotary_causal_lm_types()
 
 
-__all__ = ["FREQUENCY_SCHEMES", "TinyConfigError", "check_family", "stock_model", "tiny_config", "universe"]
+__all__ = ["FREQUENCY_SCHEMES", "TinyConfigError", "check_family", "patched_for_round_trip", "stock_model",
+           "tiny_config", "universe"]

@@ -50,8 +50,9 @@ OVERRIDES: dict[str, dict[str, Any]] = {
                              "the rotary width its attention expects" for s in ("rope", "tapa")}},
     "moshi": {"refusals": _every("its cached generation differs from its full forward even unpatched (the "
                                  "depth decoder), so a patched model cannot be checked")},
-    "falcon_h1": {"refusals": _every("a saved patched FalconH1 checkpoint reloads with non-finite logits (its "
-                                     "Mamba state is not restored through a derived class)")},
+    "blt": {"refusals": _every("a byte latent transformer: four rotary stacks count positions in bytes (patcher, "
+                               "local encoder and decoder) and in patches (global transformer), and its stock cached "
+                               "forward fails in this Transformers (BltConfig has no num_hidden_layers)")},
     "mimo_v2_flash": {"refusals": _every("its layer types rotate heads of different widths, which hf-posenc's "
                                          "rope init does not read")},
     "ministral3": {"refusals": {s: "its query scaling reads original_max_position_embeddings, which this scheme's "

@@ -64,6 +64,14 @@ class PosencModelMixin:
         if record is not None:
             SchemeRecord.from_dict(record).scheme.install(self)
 
+    @classmethod
+    def is_custom_code(cls) -> bool:
+        """Not custom modeling code: the patched class inherits its family's ``_init_weights``, which goes through
+        Transformers' guarded init functions. Transformers skips the init of a custom-code module that has no
+        parameters of its own, which would leave a model-level init undone (FalconH1's Mamba ``mup_vector``
+        stayed uninitialised memory on reload). The same holds where the class came from the remote-code bundle."""
+        return False
+
     def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
         """``save_pretrained`` plus the remote code (``auto_map``) that loads the checkpoint without hf-posenc.
 
