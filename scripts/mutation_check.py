@@ -327,6 +327,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_families.py::test_family_checks_give_its_table_row[falcon_h1]",),
         "a patched class reloads its family's unsaved buffers (FalconH1's mup_vector) through the family's init",
     ),
+    Mutation(
+        "sharded-run-saves-one-ranks-partitions", "hf_posenc/training/trainer.py",
+        "save_output(final, model_dir, save_tokenizer, state_dict=state)",
+        "save_output(final, model_dir, save_tokenizer, state_dict=None)",
+        ("tests/test_distributed.py::test_deepspeed_zero3_matches_one_process[tape]",),
+        "a ZeRO-3 run saves the gathered state dict: every LoRA and TAPE weight whole",
+    ),
+    Mutation(
+        "chunked-loss-reads-a-zero3-partitioned-head", "hf_posenc/training/trainer.py",
+        'if head is None or hasattr(head.weight, "ds_id"):',
+        "if head is None:",
+        ("tests/test_distributed.py::test_deepspeed_zero3_matches_one_process[cope]",),
+        "under ZeRO-3 the head's weight exists only inside its forward: the model computes the loss",
+    ),
 )
 
 

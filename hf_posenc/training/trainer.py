@@ -1,13 +1,10 @@
 """Run a recipe: load → patch → PEFT → pack data → HF Trainer → save adapter (+ merged) → evaluate.
 
 The same code runs on one device and under ``accelerate launch``/``torchrun`` (DDP, FSDP2, DeepSpeed ZeRO-3 with
-the configs in ``recipes/accelerate/``): Transformers' Trainer picks the distributed setup from the environment.
-
-Context parallelism (PyTorch's ring attention over sequence shards, ``parallelism_config.cp_size`` in
-Accelerate) needs attention that is plain SDPA over rotated q/k. Frequency schemes (rope, cope, hardclip,
-prope, and rope with PI/YaRN/NTK/llama3 scaling) only change the rotary frequencies, so they work with it. TAPA
-replaces the attention function itself (phase scores, eq. 12) and TAPE carries positional state through the
-attention weights (eq. 7), so neither can run under SDPA context parallelism; use DDP/FSDP with them.
+the configs in ``recipes/accelerate/``): Transformers' Trainer picks the distributed setup from the environment. A
+sharded run saves a gathered state dict, refuses an adapter that lacks a trainable weight, and merges and
+evaluates an unsharded copy on the main process; context parallelism is refused for TAPA and TAPE (see
+:mod:`hf_posenc.training.distributed`).
 """
 
 from __future__ import annotations
@@ -24,10 +21,13 @@ from typing import Any
 
 import torch
 import yaml
+from torch.distributed.tensor import DTensor
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
 from .config import SMOLLM2, Recipe, RecipeError, uses_custom_attention
 from .data import build_dataset, collate
+from .distributed import check_adapter_complete, context_parallel_refusal, gathered_state_dict, is_sharded
+from .distributed import requested_context_parallel_size
 from .loss import chunked_linear_cross_entropy, liger_linear_cross_entropy, shift_for_causal_lm
 
 LOG_FILE = "log.jsonl"
@@ -237,8 +237,9 @@ class PosEncTrainer(Trainer):
     """
 
     def __init__(self, *args: Any, loss_implementation: str = "chunked", chunk_size: int = 1024,
-                 causal_lm: torch.nn.Module | None = None, **kwargs: Any):
+                 causal_lm: torch.nn.Module | None = None, scheme_name: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        self.scheme_name = scheme_name
         self.loss_implementation = loss_implementation
         self.chunk_size = chunk_size
         self.causal_lm = causal_lm
@@ -246,7 +247,9 @@ class PosEncTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
         # use_cache=False: Transformers only derives packed-document masks from position ids without a cache.
         inputs = {**inputs, "use_cache": False}
-        if self.loss_implementation == "full":
+        head = None if self.loss_implementation == "full" else _head_linear(self.causal_lm.lm_head)
+        if head is None or hasattr(head.weight, "ds_id"):
+            # ZeRO-3 gathers the head's weight only inside the head's own forward: the model computes the loss
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         labels = inputs.pop("labels")
         captured: dict[str, torch.Tensor] = {}
@@ -255,7 +258,9 @@ class PosEncTrainer(Trainer):
             outputs = model(**inputs, logits_to_keep=1)
         finally:
             handle.remove()
-        head = _head_linear(self.causal_lm.lm_head)
+        if isinstance(head.weight, DTensor):  # FSDP2 keeps the root's parameters unsharded after its forward
+            raise RuntimeError("the output head's weight is still sharded after the forward; use "
+                               "loss.implementation=full with this FSDP layout.")
         softcap = getattr(self.causal_lm.config, "final_logit_softcapping", None)
         hidden, targets = shift_for_causal_lm(captured["h"], labels)
         if self.loss_implementation == "liger":
@@ -309,17 +314,22 @@ class TrainResult:
     evaluation: Any = None
 
 
-def save_output(model: Any, directory: Path, tokenizer: Any = None) -> None:
+def save_output(model: Any, directory: Path, tokenizer: Any = None, state_dict: dict | None = None) -> None:
     """Save the trained adapter (with its adapter record, see :mod:`hf_posenc.adapters`) or full model, and the
-    tokenizer, replacing ``directory`` at once: a run killed while saving leaves the previous output intact."""
+    tokenizer, replacing ``directory`` at once: a run killed while saving leaves the previous output intact.
+
+    ``state_dict``: the gathered full state dict of a sharded run (FSDP2, ZeRO-3), whose own ``state_dict()``
+    holds one rank's pieces. An adapter missing any trainable weight is refused (the previous output stays)."""
     from ..adapters import save_adapter
     from ..io_atomic import atomic_dir
 
+    kwargs = {} if state_dict is None else {"state_dict": state_dict}
     with atomic_dir(directory, overwrite=True) as tmp:  # the run owns its output.dir (a resumed run saves again)
         if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
-            save_adapter(model, tmp)
+            save_adapter(model, tmp, **kwargs)
+            check_adapter_complete(model, tmp)
         else:
-            model.save_pretrained(tmp)
+            model.save_pretrained(tmp, **kwargs)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
 
@@ -359,11 +369,19 @@ def check_launch(trainer: Trainer) -> None:
     enabled = {"FSDP": trainer.is_fsdp_enabled, "DeepSpeed": trainer.is_deepspeed_enabled}
     for engine in asked:
         if not enabled[engine]:
+            fix = ("FSDP needs GPUs with accelerate; on CPU use recipes/accelerate/cpu-2proc.yaml (DDP), "
+                   "recipes/accelerate/deepspeed-zero3-cpu.yaml (ZeRO-3) or hf_posenc.training.distributed."
+                   "shard_fsdp2 in your own loop" if engine == "FSDP" else
+                   "recipes/accelerate/deepspeed-zero3-cpu.yaml runs ZeRO-3 on CPU (training.use_cpu: false)")
             raise RuntimeError(
                 f"accelerate launched this run with {engine}, but the Trainer did not enable it"
                 f"{' (training.use_cpu is set: it then runs DDP instead)' if trainer.args.use_cpu else ''}, so "
-                f"nothing would be sharded. {engine} needs GPUs here; on CPU use recipes/accelerate/cpu-2proc.yaml (DDP)."
+                f"nothing would be sharded. {fix}."
             )
+    scheme = getattr(trainer, "scheme_name", None)
+    refusal = context_parallel_refusal(scheme) if scheme and requested_context_parallel_size(trainer.args) > 1 else None
+    if refusal:
+        raise RuntimeError(f"context parallelism (cp_size > 1) was asked for, but {refusal}.")
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and trainer.args.parallel_mode != ParallelMode.DISTRIBUTED:
         raise RuntimeError(
@@ -415,7 +433,7 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     trainer = PosEncTrainer(
         model=model, args=training_arguments(recipe), train_dataset=dataset, data_collator=collate,
         callbacks=[JsonlLogCallback(log_path)], loss_implementation=recipe.loss.implementation,
-        chunk_size=recipe.loss.chunk_size, causal_lm=causal_lm,
+        chunk_size=recipe.loss.chunk_size, causal_lm=causal_lm, scheme_name=scheme.name,
     )
     check_launch(trainer)
     trainer.train(resume_from_checkpoint=last if resume else None)
@@ -423,14 +441,22 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     model_dir = out / ("adapter" if recipe.peft.enabled else "model")
     merged_dir = out / "merged" if recipe.output.merge and recipe.peft.enabled else None
     final = trainer.accelerator.unwrap_model(trainer.model)
+    sharded = is_sharded(final)
+    state = gathered_state_dict(trainer.model_wrapped, trainer.accelerator) if sharded else None  # all ranks gather
+    save_tokenizer = tokenizer if recipe.output.save_tokenizer else None
     if trainer.accelerator.is_main_process:
         final.config.use_cache = True
-        save_output(final, model_dir, tokenizer if recipe.output.save_tokenizer else None)
+        save_output(final, model_dir, save_tokenizer, state_dict=state)
     trainer.accelerator.wait_for_everyone()
-    if merged_dir is not None:
+    if sharded and trainer.accelerator.is_main_process:  # the main process goes on with an unsharded copy
+        from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+        unset_hf_deepspeed_config()  # training is over: a model loaded now must not be partitioned by zero.Init
+        final = _reload_saved(recipe, model_dir)
+    if merged_dir is not None and (trainer.accelerator.is_main_process or not sharded):
         final = final.merge_and_unload()
         if trainer.accelerator.is_main_process:
-            save_output(final, merged_dir, tokenizer if recipe.output.save_tokenizer else None)
+            save_output(final, merged_dir, save_tokenizer)
     losses = [r["loss"] for r in read_log(log_path) if "loss" in r]
     result = TrainResult(str(out), str(model_dir), None if merged_dir is None else str(merged_dir),
                          str(log_path), losses, notes)
@@ -442,20 +468,29 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     return result
 
 
+def _reload_saved(recipe: Recipe, model_dir: Path) -> Any:
+    """The recipe's patched base with the adapter (or the full model) just saved in ``model_dir``, in this process
+    only: what a sharded run merges and evaluates."""
+    from peft import PeftModel
+
+    from ..models import load_model
+    from ..patching import patch_model
+
+    if not recipe.peft.enabled:
+        return load_model(model_dir)
+    base = load_base_model(recipe)
+    patch_model(base, recipe.scheme_config())
+    return PeftModel.from_pretrained(base, model_dir)
+
+
 def load_trained(output_dir: str | os.PathLike):
     """Reload a finished run: the recipe's base model, patched with its scheme, with the adapter on top (or the
     full model for non-PEFT runs). Returns ``(model, tokenizer)``."""
-    from ..models import load_model
     from ..models import load_tokenizer as _load_tok
-    from ..patching import patch_model
     from .config import load_recipe
 
     out = Path(output_dir)
     recipe = load_recipe(out / "recipe.yaml", validate=False)
-    if not recipe.peft.enabled:
-        return load_model(out / "model"), _load_tok(out / "model")
-    from peft import PeftModel
-
-    base = load_base_model(recipe)
-    patch_model(base, recipe.scheme_config())
-    return PeftModel.from_pretrained(base, out / "adapter").eval(), load_tokenizer(recipe)
+    model_dir = out / ("adapter" if recipe.peft.enabled else "model")
+    tokenizer = load_tokenizer(recipe) if recipe.peft.enabled else _load_tok(model_dir)
+    return _reload_saved(recipe, model_dir).eval(), tokenizer
