@@ -288,6 +288,62 @@ def test_context_parallel_refuses_tapa_and_tape(workspace, monkeypatch, scheme):
     assert context_parallel_refusal("cope") is None and context_parallel_refusal("prope") is None
 
 
+# -- the shipped GPU configs ---------------------------------------------------------------------------------------
+CONFIG_PROBE = """
+import json, os, sys
+sys.path.insert(0, {tests!r})
+from accelerate.utils import DeepSpeedPlugin, FullyShardedDataParallelPlugin
+import hf_posenc
+from tiny import tiny_model
+out = {{}}
+if os.environ.get("ACCELERATE_USE_FSDP") == "true":
+    plugin = FullyShardedDataParallelPlugin()
+    model = hf_posenc.patch_model(tiny_model("llama"), "tape")
+    plugin.set_auto_wrap_policy(model)
+    out = {{"version": plugin.fsdp_version, "wrap": sorted(plugin.transformer_cls_names_to_wrap or []),
+           "tape_in": sorted({{type(m).__name__ for m in model.modules() if hasattr(m, "tape")}})}}
+if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
+    import deepspeed
+    from deepspeed.runtime.config import DeepSpeedConfig
+    plugin = DeepSpeedPlugin()
+    plugin.set_mixed_precision(os.environ["ACCELERATE_MIXED_PRECISION"])  # as the Accelerator does
+    config = plugin.deepspeed_config
+    auto = {{"train_micro_batch_size_per_gpu": 1, "gradient_accumulation_steps": 1, "gradient_clipping": 1.0}}
+    config.update({{k: v for k, v in auto.items() if config.get(k) == "auto"}})
+    config["train_batch_size"] = int(os.environ["WORLD_SIZE"])
+    deepspeed.init_distributed(dist_backend="gloo")
+    parsed = DeepSpeedConfig(config)
+    out = {{"stage": parsed.zero_optimization_stage, "gather_on_save": parsed.zero_config.gather_16bit_weights_on_model_save,
+           "bf16": parsed.bfloat16_config.enabled}}
+if int(os.environ.get("RANK", "0")) == 0:
+    print("CONFIG" + json.dumps(out))
+"""
+
+
+@pytest.mark.parametrize("name", ["fsdp2", "deepspeed-zero3"])
+def test_shipped_gpu_configs_parse_as_the_engines_read_them(tmp_path, name):
+    """recipes/accelerate/{fsdp2,deepspeed-zero3}.yaml (8 GPUs, bf16) through ``accelerate launch`` on two CPU
+    processes: accelerate's FSDP2 plugin wraps the patched model's decoder layers (where TAPE's modules live);
+    DeepSpeed itself parses the ZeRO-3 config (stage 3, 16-bit gathered save, bf16). The CPU ZeRO-3 config the
+    tests run is the same config with the hardware keys changed."""
+    (tmp_path / "probe.py").write_text(CONFIG_PROBE.format(tests=str(Path(__file__).parent)))
+    done = subprocess.run([sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+                           str(REPO / f"recipes/accelerate/{name}.yaml"), "--num_processes", "2", "--main_process_port",
+                           str(free_port()), str(tmp_path / "probe.py")], env=_env(), capture_output=True, timeout=300)
+    assert done.returncode == 0, done.stderr.decode()[-3000:]
+    line = next(l for l in done.stdout.decode().splitlines() if l.startswith("CONFIG"))
+    found = json.loads(line.removeprefix("CONFIG"))
+    if name == "fsdp2":
+        assert found == {"version": 2, "wrap": ["TapeLlamaDecoderLayer"],
+                         "tape_in": ["TapeLlamaDecoderLayer"]}, found
+    else:
+        assert found == {"stage": 3, "gather_on_save": True, "bf16": True}, found
+        gpu = yaml.safe_load((REPO / "recipes/accelerate/deepspeed-zero3.yaml").read_text())
+        cpu = yaml.safe_load((REPO / "recipes/accelerate/deepspeed-zero3-cpu.yaml").read_text())
+        hardware = {"num_processes", "mixed_precision"}
+        assert {k: v for k, v in gpu.items() if k not in hardware} == {k: v for k, v in cpu.items() if k not in hardware}
+
+
 # -- the table -----------------------------------------------------------------------------------------------------
 def test_engine_table_cells_name_tests_of_this_module_and_the_readme_embeds_it():
     """Each cell of hf_posenc/data/engines.json (written by scripts/engines_table.py from a run of this module)

@@ -436,6 +436,7 @@ def install_tape(model: nn.Module, scheme: TAPEConfig) -> None:
     }
     layers = decoder.layers
     kinds = [_state_index(config, ctx["layer_types"], i) for i in range(len(layers))]
+    stock_names = {type(layer).__name__ for layer in layers if not isinstance(layer, TapeLayerMixin)}
     for i, layer in enumerate(layers):
         if kinds[i] in kinds[i + 1 :] and not hasattr(layer, "tape"):  # its update reaches a later layer
             ref = next(layer.parameters())
@@ -445,9 +446,23 @@ def install_tape(model: nn.Module, scheme: TAPEConfig) -> None:
             layer.__class__ = _tape_class(TapeLayerMixin, type(layer))
             layer.self_attn.__class__ = _tape_class(TapeAttentionMixin, type(layer.self_attn))
         layer._tape_ctx = ctx
+    _rename_no_split(model, stock_names, {type(layer).__name__ for layer in layers})
+
+
+def _rename_no_split(model: nn.Module, old: set[str], new: set[str]) -> None:
+    """Replace the decoder-layer class names ``old`` by ``new`` in ``_no_split_modules``: FSDP's transformer wrap
+    policy (accelerate: every listed class must exist in the model) and ``device_map="auto"`` find decoder layers
+    by class name, and a TAPE layer's class is new."""
+    for module in model.modules():
+        current = getattr(module, "_no_split_modules", None)
+        if isinstance(current, (set, list, tuple)) and "_no_split_modules" in vars(module):
+            module._no_split_modules = (set(current) - old) | new
 
 
 def uninstall_tape(model: nn.Module) -> None:
+    tape_layers = [layer for layer in _decoder(model).layers if isinstance(layer, TapeLayerMixin)]
+    _rename_no_split(model, {type(layer).__name__ for layer in tape_layers},
+                     {type(layer).__mro__[2].__name__ for layer in tape_layers})
     for layer in _decoder(model).layers:
         for module, mixin in ((layer, TapeLayerMixin), (layer.self_attn, TapeAttentionMixin)):
             if isinstance(module, mixin):
