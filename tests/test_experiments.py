@@ -152,3 +152,24 @@ def test_length_generalisation_toy_end_to_end(austen, tmp_path):
     assert again.returncode == 0, again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in work.rglob("cell.json")} == stamps
     assert json.loads((out / "results.json").read_text())["summary"] == data["summary"]
+
+
+def test_long_context_smollm2_example_smoke(austen, tmp_path):
+    """examples/long_context_smollm2.py at toy lengths, through the code path of the committed 12k/16k run: every
+    scheme at every length, the unpatched model at the reference length, timings recorded."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(ROOT / "examples" / "long_context_smollm2.py"), "--lengths", "48", "64",
+                           "--reference", "32", "--out", str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    sys.path.insert(0, str(ROOT / "examples"))
+    from long_context_smollm2 import SCHEMES
+
+    data = json.loads((tmp_path / "results.json").read_text())
+    cells = {(r["model"], r["context_length"]): r for r in data["perplexity"]}
+    assert set(cells) == {("rope (unpatched)", 32)} | {(name, n) for name in SCHEMES for n in (48, 64)}
+    assert all(math.isfinite(r["perplexity"]) and r["seconds"] > 0 and r["num_scored"] == r["context_length"] - 1
+               for r in cells.values())
+    assert cells[("PI x2", 64)]["nll"] != cells[("rope (unpatched)", 64)]["nll"]  # the schemes were applied
+    assert json.loads((tmp_path / "run.json").read_text())["total_seconds"] > 0
+    assert "| p-RoPE (p=0.75) |" in (tmp_path / "report.md").read_text()

@@ -20,6 +20,7 @@ window are never materialised. :func:`window_nll_reference` is the plain full-lo
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -155,6 +156,7 @@ def sliding_window_perplexity(
     score = window_nll if fast else window_nll_reference
     kwargs = {"chunk_size": chunk_size} if fast else {}
     total, count = 0.0, 0
+    started = time.perf_counter()
     with torch.inference_mode():
         bar = tqdm(spans, desc=f"ppl {name} L={context_length}", unit="win", disable=not progress, leave=False)
         for begin, end, num_new in bar:
@@ -165,6 +167,7 @@ def sliding_window_perplexity(
     return PerplexityResult(
         model=name, context_length=context_length, stride=stride, num_tokens=num_tokens, num_scored=count,
         num_windows=len(spans), nll=mean, perplexity=math.exp(mean) if mean < 700 else math.inf,
+        seconds=round(time.perf_counter() - started, 3),
     )
 
 

@@ -36,7 +36,8 @@ def markdown_report(result: EvaluationResult) -> str:
             cells = []
             for n in lengths:
                 found = [r for r in result.perplexity if r.model == m and r.context_length == n]
-                cells.append(_fmt(found[0].perplexity) + f" (s={found[0].stride})" if found else "–")
+                took = f", {found[0].seconds:.0f} s" if found and found[0].seconds is not None else ""
+                cells.append(_fmt(found[0].perplexity) + f" (s={found[0].stride}{took})" if found else "–")
             if any(c != "–" for c in cells):
                 lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")

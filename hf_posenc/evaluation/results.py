@@ -34,6 +34,7 @@ class PerplexityResult:
     nll: float
     perplexity: float
     method: str = PERPLEXITY_METHOD
+    seconds: float | None = None  # wall time of the windows' forwards (None in results written before it existed)
 
 
 @dataclass
