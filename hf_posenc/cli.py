@@ -58,6 +58,7 @@ def _check_output(args: argparse.Namespace) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from .models import load_config
     from .patching import scheme_record
+    from .schemes.base import head_dim as config_head_dim
 
     config = load_config(args.source, args.gguf_file)
     record = scheme_record(config)
@@ -67,7 +68,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "options": None if record is None else record.scheme.to_dict(),
         "paper": None if record is None else record.scheme.paper,
         "rope_parameters": config.rope_parameters,
-        "head_dim": getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads,
+        "head_dim": config_head_dim(config),
         "max_position_embeddings": config.max_position_embeddings,
     }
     print(json.dumps(info, indent=2, default=str))

@@ -32,6 +32,7 @@ from .patches import adapter_for
 from .patching import check_patchable, scheme_record
 from .record import RECORD_KEY
 from .schemes.base import FrequencySchemeConfig
+from .schemes.base import head_dim as config_head_dim
 from .schemes.cope import STOCK_INF_FACTOR, taper_factors
 from .vllm_compat import fold_attention_factors, warn_vllm_differences
 
@@ -65,7 +66,7 @@ def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | N
             "attention scaling), which the stock form of this scheme (longrope) must set to max_position_embeddings; "
             "it has no stock equivalent. Keep the patched checkpoint (save_pretrained) instead."
         )
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = config_head_dim(config)
     # Phi, GLM, StableLM...: the factors cover the rotated pairs (for `proportional`, the key is p-RoPE's p instead)
     rotated = params.get("partial_rotary_factor") if rope_type != "proportional" else None
     head_dim = int(head_dim * rotated) if rotated is not None else head_dim

@@ -48,6 +48,7 @@ from .export import frequency_factors
 from .patches import adapter_for
 from .patching import check_patchable, scheme_record
 from .schemes.base import FrequencySchemeConfig
+from .schemes.base import head_dim as config_head_dim
 
 # Stock model type -> llama.cpp architecture that reads a per-dimension `rope_freqs` tensor.
 ROPE_FREQS_ARCHS = {"llama": "llama"}
@@ -106,7 +107,7 @@ def gguf_rope_parameters(model_or_config: Any) -> tuple[torch.Tensor, float, flo
                          "tensor is fixed")
         raise _refuse(f"rope type {rope_type!r} cannot be written: {why}. Patch with a static base (e.g. "
                       "scaling='yarn' or 'linear') to export it.")
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    head_dim = config_head_dim(config)
     theta = float(params["rope_theta"])
     if rope_type == "default":  # plain RoPE (with ABF): llama.cpp's own θ_i
         return torch.ones(head_dim // 2), 1.0, theta

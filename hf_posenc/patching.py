@@ -14,11 +14,10 @@ from .patches.base import FamilyAdapter, required_attn_implementation
 from .patches.derive import FamilyRefused
 from .record import RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
+from .schemes.base import head_dim as config_head_dim
 from .schemes.cope import rotary_dim
 
 
-def _head_dim(config: Any) -> int:
-    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
 # rope_parameters keys read by a family's attention or rotary module itself, kept when a scheme rewrites the rest.
@@ -32,7 +31,7 @@ TAPE_ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_
 
 def _tape_refusal(model: nn.Module, config: Any) -> str | None:
     """Why TAPE's layer forward cannot carry the positional state through this model's decoder layers, or None."""
-    if any(rotary_dim(config, params) != _head_dim(config) for params in _layer_rope_parameters(config)):
+    if any(rotary_dim(config, params) != config_head_dim(config) for params in _layer_rope_parameters(config)):
         return "partial rotary: TAPE's state covers every head dimension, this family rotates a fraction of them"
     if getattr(config, "no_rope_layers", None) is not None:
         return "layers without positional encoding (no_rope_layers), which TAPE would rotate"
@@ -41,7 +40,8 @@ def _tape_refusal(model: nn.Module, config: Any) -> str | None:
         return "no decoder with `layers` and one `rotary_emb` to start the state from"
     attn = getattr(layers[0], "self_attn", None)
     q_norm = getattr(attn, "q_norm", None)
-    if q_norm is not None and getattr(q_norm, "weight", None) is not None and q_norm.weight.numel() != _head_dim(config):
+    norm_width = getattr(getattr(q_norm, "weight", None), "numel", lambda: None)()
+    if norm_width is not None and norm_width != config_head_dim(config):
         return "its q/k norms span every head of the projection (OLMo-style), TAPE's attention normalises per head"
     for layer in layers:
         children = {name for name, _ in layer.named_children()}
@@ -94,7 +94,7 @@ def family_refusal(adapter: FamilyAdapter, model: nn.Module, scheme: SchemeConfi
     v_dim = getattr(config, "v_head_dim", None)
     qk_dim = getattr(config, "qk_head_dim", None) or (
         (getattr(config, "qk_nope_head_dim", None) or 0) + (getattr(config, "qk_rope_head_dim", None) or 0)
-    ) or _head_dim(config)
+    ) or config_head_dim(config)
     if scheme.name in ("tapa", "tape") and v_dim is not None and v_dim != qk_dim:
         return (f"its values are {v_dim} wide and its queries/keys {qk_dim} (multi-head latent attention); "
                 f"{scheme.name.upper()} splits one head width across queries, keys and values")
@@ -186,7 +186,7 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     current = scheme_record(config)
     stock_rope = config.rope_parameters if current is None else current.original_rope_parameters
     keys = adapter.rope_layer_keys(config, config_scheme.frequency_scheme().layers)
-    dims = [_head_dim(config)] if config_scheme.name == "tapa" else [
+    dims = [config_head_dim(config)] if config_scheme.name == "tapa" else [
         rotary_dim(config, stock_rope if k is None else stock_rope[k]) for k in keys
     ]
     for dim in dict.fromkeys(dims):

@@ -23,6 +23,12 @@ _SCALING_OPTION_KEYS = {
 _LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
 
 
+def head_dim(config: Any) -> int:
+    """The attention head width of a model config: ``head_dim``, or ``hidden_size // num_attention_heads`` where
+    the config has none (as Transformers' attention modules compute it)."""
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def check_type(scheme: str, name: str, value: Any, kinds: tuple[type, ...], optional: bool = False) -> None:
     """Raise ``TypeError`` unless ``value`` is one of ``kinds`` (``bool`` never counts as a number)."""
     if value is None and optional:

@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import torch
 
 from .base import FrequencySchemeConfig, check_type
+from .base import head_dim as config_head_dim
 
 # CoPE's reference setting: the last 20 of Llama-3-8B's 64 frequencies (head dim 128).
 PAPER_CLIP_LOW_N, PAPER_N_FREQ = 20, 64
@@ -143,8 +144,7 @@ def _shadow_config(config: Any, layer_type: str | None, params: dict[str, Any]) 
 def rotary_dim(config: Any, params: dict[str, Any]) -> int:
     """The rotated head dimensions, as Transformers' rope init functions compute them:
     ``int(head_dim · partial_rotary_factor)``."""
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    return int(head_dim * params.get("partial_rotary_factor", 1.0))
+    return int(config_head_dim(config) * params.get("partial_rotary_factor", 1.0))
 
 
 def clipped_rope_init(

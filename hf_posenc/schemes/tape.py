@@ -36,6 +36,7 @@ import torch
 from torch import nn
 
 from .base import FrequencySchemeConfig, SchemeConfig, check_type
+from .base import head_dim as config_head_dim
 from .tapa import tapa_mask, written_keys
 
 ATTN_NAME = "hf_posenc_tape"
@@ -427,7 +428,7 @@ def install_tape(model: nn.Module, scheme: TAPEConfig) -> None:
     config = model.config
     decoder = _decoder(model)
     kv_heads, q_heads = config.num_key_value_heads, config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // q_heads
+    head_dim = config_head_dim(config)
     intermediate = scheme.hidden or 4 * kv_heads
     # A plain dict (not a submodule) so the decoder is not registered twice; deepcopy maps it to the copy.
     ctx = {
