@@ -44,42 +44,64 @@ GUARD_ENV = "HF_POSENC_GUARD_PEFT"
 _HUB_KEYS = ("subfolder", "revision", "token", "cache_dir", "local_files_only")
 
 
-def _norm_names(model: Any) -> list[str]:
+def norm_module_names(model: Any) -> list[str]:
+    """Leaf names of every normalisation module (``input_layernorm``, ``norm``, ``q_norm``, ...: RMSNorm,
+    LayerNorm and the families' own norm classes)."""
     names = set()
     for name, module in model.named_modules():
-        if type(module).__name__.endswith("RMSNorm") and "." in name:
-            names.add(name.rsplit(".", 1)[1])
+        if name and "norm" in type(module).__name__.lower() and not list(module.children()):
+            names.add(name.rsplit(".", 1)[-1])
     return sorted(names)
 
 
 def lora_config(
     model: Any,
     r: int = 8,
-    lora_alpha: int = 16,
+    lora_alpha: float = 16,
     lora_dropout: float = 0.0,
     target_modules: Sequence[str] = ATTENTION_PROJECTIONS,
     train_embeddings: bool = False,
     train_norms: bool = False,
+    modules_to_save: Sequence[str] = (),
+    scheme_modules: bool = True,
     **kwargs: Any,
 ):
     """A ``peft.LoraConfig`` for a patched model: LoRA on ``target_modules`` plus, fully trained and saved, the
-    scheme's own modules (TAPE), and optionally the embeddings and norms (LongLoRA's "LoRA+", the TAPE recipe).
+    scheme's own modules (TAPE's ``tape`` blocks, unless ``scheme_modules=False``), ``modules_to_save``, and
+    optionally the embeddings (with an untied output head) and every norm (LongLoRA's "LoRA+", the TAPE recipe).
+    The one LoRA setup of hf-posenc: ``hf-posenc train`` builds its adapter with it.
 
-    Patched models have their own model type, for which PEFT has no default target modules, so they are explicit.
+    Patched models have their own model type, for which PEFT has no default target modules, so they are explicit;
+    names that are not modules of ``model`` raise a ``ValueError`` listing what is there.
     """
     from peft import LoraConfig, TaskType
 
     if not target_modules:
         raise ValueError("lora_config: PEFT needs at least one LoRA target; e.g. target_modules=('q_proj', 'v_proj').")
-    record = scheme_record(model)
-    modules_to_save = list(record.scheme.trainable_modules) if record is not None else []
+    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
+    missing = [t for t in target_modules if t not in present]
+    if missing:
+        raise ValueError(f"LoRA target_modules {missing} are not modules of this model; linear layers here include "
+                         f"{sorted(n for n in present if n.endswith('_proj'))}.")
+    save = list(modules_to_save)
+    tied = bool(getattr(model.config, "tie_word_embeddings", False))
     if train_embeddings:
-        modules_to_save.append("embed_tokens")
+        save.append("embed_tokens")
+        if not tied:
+            save.append("lm_head")
     if train_norms:
-        modules_to_save.extend(_norm_names(model))
+        save.extend(norm_module_names(model))
+    record = scheme_record(model)
+    if scheme_modules and record is not None:
+        save.extend(record.scheme.trainable_modules)
+    save = list(dict.fromkeys(save))
+    absent = [m for m in save if m not in present]
+    if absent:
+        raise ValueError(f"modules_to_save {absent} are not modules of this model.")
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
-        target_modules=list(target_modules), modules_to_save=modules_to_save or None, **kwargs,
+        target_modules=list(target_modules), modules_to_save=save or None,
+        ensure_weight_tying=tied and "embed_tokens" in save, **kwargs,
     )
 
 

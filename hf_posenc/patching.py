@@ -199,7 +199,8 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
         if not replace:
             raise ValueError(
                 f"the model already carries scheme {current.scheme.name!r} ({current.scheme.to_dict()}); pass "
-                f"replace=True to switch it to {config_scheme.name!r}."
+                f"replace=True (in a training recipe: scheme.replace: true) to switch it to {config_scheme.name!r} "
+                f"with options {config_scheme.to_dict()}."
             )
         original = current.original_rope_parameters
     else:

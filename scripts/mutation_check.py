@@ -341,6 +341,28 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_distributed.py::test_deepspeed_zero3_matches_one_process[cope]",),
         "under ZeRO-3 the head's weight exists only inside its forward: the model computes the loss",
     ),
+    # -- experiments and their measurements -------------------------------------------------------------------------
+    Mutation(
+        "tapa-packs-position-jumps-despite-a-mask", "hf_posenc/schemes/tapa.py",
+        "packed = attention_mask is None and q_len == kv_len and position_ids is not None",
+        "packed = q_len == kv_len and position_ids is not None",
+        ("tests/test_tapa.py::test_position_jumps_are_packing_only_without_a_mask[reference]",),
+        "Transformers' rule: jumps in position ids are packed documents only without a mask (perturbation diagnostics)",
+    ),
+    Mutation(
+        "passkey-digits-ranked-over-the-whole-vocabulary", "hf_posenc/evaluation/passkey.py",
+        "predicted = [digit_ids[j] for j in among.argmax(-1).tolist()]",
+        "predicted = logits[[i - 1 for i in positions]].argmax(-1).tolist()",
+        ("tests/test_experiments.py::test_key_digit_accuracy_counts_digits_ranked_first",),
+        "the teacher-forced key accuracy ranks the right digit among the ten digits, not among every token",
+    ),
+    Mutation(
+        "reproduction-interval-ignores-the-new-seeds", "hf_posenc/experiments/reproduce.py",
+        "half = t * stats[\"sd\"] * math.sqrt(1 / n + 1 / m)",
+        "half = t * stats[\"sd\"] * math.sqrt(1 / n)",
+        ("tests/test_experiments.py::test_reproducibility_uses_the_prediction_interval_of_a_mean",),
+        "the prediction interval of a mean of m new seeds: sd * sqrt(1/n + 1/m), not the committed mean's error",
+    ),
 )
 
 

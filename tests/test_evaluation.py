@@ -381,3 +381,42 @@ def test_cli_schemes_beside_a_saved_model(tok, text, tmp_path):
     with pytest.raises(ValueError, match="key=value"):
         run_eval(bad)
     assert not (tmp_path / "bad").exists()
+
+
+def test_layer_progress_counts_every_decoder_layer_of_a_forward_and_cleans_up(monkeypatch):
+    import tqdm.auto
+
+    from hf_posenc.evaluation.perplexity import layer_progress
+    from tiny import tiny_model
+
+    bars = []
+
+    class Recorder:
+        def __init__(self, total, **kwargs):
+            self.total, self.n, self.closed = total, 0, False
+            bars.append(self)
+
+        def update(self, n):
+            self.n += n
+            return True  # like tqdm: a hook that returned this would replace the layer's output
+
+        def close(self):
+            self.closed = True
+
+    monkeypatch.setattr(tqdm.auto, "tqdm", Recorder)
+    model = tiny_model("llama")
+    layers = model.model.layers
+    ids = torch.tensor([[1, 2, 3]])
+    with torch.no_grad():
+        expected = model(ids).logits
+    with layer_progress(model, "forward", enabled=True):
+        assert all(len(layer._forward_hooks) == 1 for layer in layers)
+        with torch.no_grad():
+            assert torch.equal(model(ids).logits, expected)  # the hooks change nothing
+    assert all(len(layer._forward_hooks) == 0 for layer in layers)  # hooks removed
+    assert [(b.total, b.n, b.closed) for b in bars] == [(len(layers), len(layers), True)]
+    with layer_progress(torch.nn.Linear(2, 2), "bare", enabled=True):  # no decoder layers: no bar, no error
+        pass
+    with layer_progress(model, "off", enabled=False):
+        pass
+    assert len(bars) == 1

@@ -153,6 +153,25 @@ def test_length_generalisation_toy_end_to_end(austen, tmp_path):
     assert {p: p.stat().st_mtime_ns for p in work.rglob("cell.json")} == stamps
     assert json.loads((out / "results.json").read_text())["summary"] == data["summary"]
 
+    # the diagnostics of the first seed of every row ("why"), with their plots
+    assert set(data["why"]) == set(config.schemes)
+    assert data["why"]["TAPA linear"]["disentanglement"] is None and data["why"]["RoPE"]["disentanglement"]
+    assert (out / "diagnostics" / "perturbation.png").is_file() and "## Why" in markdown
+
+    # other seeds, compared with this report; the committed report is never the output
+    refused = _run_cli("experiment", "length_generalisation", "--size", "toy", "--seeds", "1", "--first-seed", "2",
+                       "--out", str(out), "--work", str(work), "--check-against", str(out / "results.json"))
+    assert refused.returncode != 0 and "--out must differ" in refused.stderr
+    rerun = tmp_path / "rerun"
+    proc = _run_cli("experiment", "length_generalisation", "--size", "toy", "--seeds", "1", "--first-seed", "2",
+                    "--out", str(rerun), "--work", str(work), "--check-against", str(out / "results.json"),
+                    "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    check = json.loads((rerun / "reproducibility.json").read_text())
+    assert {r["seed"] for r in json.loads((rerun / "results.json").read_text())["runs"]} == {2}
+    assert check["total"] == len(config.schemes) * len(lengths) and check["committed_seeds"] == 2
+    assert "cells inside" in (rerun / "reproducibility.md").read_text()
+
 
 def test_long_context_smollm2_example_smoke(austen, tmp_path):
     """examples/long_context_smollm2.py at toy lengths, through the code path of the committed 12k/16k run: every
@@ -173,3 +192,224 @@ def test_long_context_smollm2_example_smoke(austen, tmp_path):
     assert cells[("PI x2", 64)]["nll"] != cells[("rope (unpatched)", 64)]["nll"]  # the schemes were applied
     assert json.loads((tmp_path / "run.json").read_text())["total_seconds"] > 0
     assert "| p-RoPE (p=0.75) |" in (tmp_path / "report.md").read_text()
+
+
+# -- TAPA trainability sweep ------------------------------------------------------------------------------------
+def _summary(rows: dict[str, tuple[tuple[float, float], tuple[float, float]]]):
+    from hf_posenc.experiments.runner import Summary
+
+    return Summary(lengths=[64, 512], rows={k: {64: v[0], 512: v[1]} for k, v in rows.items()})
+
+
+def test_tapa_sweep_classifies_match_and_flatness():
+    from hf_posenc.experiments.tapa_trainability import classify, verdict
+
+    floors = {"unigram": 3.0, "bigram": 2.4}
+    summary = _summary({
+        "RoPE": ((1.80, 0.01), (2.20, 0.05)),                 # grows by 0.40
+        "TAPA close and flat": ((1.82, 0.01), (1.85, 0.01)),  # gap 0.02 <= 2 * sqrt(2) * 0.01; growth 0.03 < 0.10
+        "TAPA close, grows": ((1.80, 0.01), (2.00, 0.01)),    # growth 0.20 >= 0.25 * 0.40
+        "TAPA flat but worse": ((2.40, 0.01), (2.41, 0.01)),
+    })
+    v = classify(summary, 64)
+    assert set(v) == {"TAPA close and flat", "TAPA close, grows", "TAPA flat but worse"}
+    assert (v["TAPA close and flat"]["matches_rope"], v["TAPA close and flat"]["flat"]) == (True, True)
+    assert (v["TAPA close, grows"]["matches_rope"], v["TAPA close, grows"]["flat"]) == (True, False)
+    assert (v["TAPA flat but worse"]["matches_rope"], v["TAPA flat but worse"]["flat"]) == (False, True)
+    assert v["TAPA close and flat"]["gap_to_rope_at_L"] == pytest.approx(0.02)
+    lines = verdict(summary, floors, 64)
+    assert lines[-1] == "Answer: TAPA matches RoPE at L and stays flat to 8L with: TAPA close and flat."
+    negative = verdict(_summary({"RoPE": ((1.8, 0.01), (2.2, 0.05)), "TAPA x": ((2.4, 0.01), (2.41, 0.01))}),
+                       floors, 64)
+    assert negative[-1].startswith("Answer (negative): no TAPA setting") and "best in-distribution is TAPA x" in \
+        negative[-1]
+
+
+def test_sweep_variants_change_only_their_setting():
+    from hf_posenc.experiments.config import TAPA_VARIANTS, TapaTrainabilityConfig, Variant
+
+    config = TapaTrainabilityConfig.preset("small")
+    arms = config.arms()
+    base_model, base_train = config.base.model, config.base.train
+    assert arms["TAPA paper"] == ("tapa", base_model, base_train)
+    assert arms["TAPA lr=1e-2"][2].learning_rate == 1e-2 and arms["TAPA lr=1e-2"][1] == base_model
+    assert arms["TAPA warm-up=200"][2].warmup_steps == 200
+    assert arms["TAPA init=0.1"][1].initializer_range == 0.1 and arms["TAPA init=0.1"][2] == base_train
+    assert arms["TAPA init=0.1"][1].llama_config(257, 256, 64)["initializer_range"] == 0.1
+    assert Variant("tapa").apply(base_model, base_train) == (base_model, base_train)
+    labels = [label for label in TAPA_VARIANTS]
+    from hf_posenc.experiments.runner import slug
+
+    assert len({slug(label) for label in labels}) == len(labels)  # one run directory per arm
+
+
+def _toy_experiment(name: str, tmp_path: Path) -> tuple[dict, Path, Path]:
+    """``hf-posenc experiment NAME --size toy --seeds 1`` as a user runs it: (results.json, out, work)."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    proc = _run_cli("experiment", name, "--size", "toy", "--seeds", "1", "--out", str(out), "--work", str(work),
+                    "--no-progress")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads((out / "results.json").read_text()), out, work
+
+
+def test_tapa_trainability_toy_end_to_end(austen, tmp_path):
+    from hf_posenc.experiments.config import TapaTrainabilityConfig
+
+    data, out, work = _toy_experiment("tapa_trainability", tmp_path)
+    config = TapaTrainabilityConfig.preset("toy", seeds=1)
+    assert [r["label"] for r in data["runs"]] == list(config.variants)
+    by_label = {r["label"]: r for r in data["runs"]}
+    # the knobs reach the training: a 10x learning rate and a 5x initial scale change the loss curve
+    assert by_label["TAPA lr=1e-2"]["losses"] != by_label["TAPA paper"]["losses"]
+    assert by_label["TAPA init=0.1"]["losses"][0] != by_label["TAPA paper"]["losses"][0]
+    saved = json.loads((work / "runs" / "tapa-init-0.1" / "seed0" / "run" / "model" / "config.json").read_text())
+    assert saved["initializer_range"] == 0.1
+    assert data["verdict"][-1].startswith("Answer")
+    assert "| TAPA alpha=1 |" in (out / "results.md").read_text()
+
+
+# -- context extension ------------------------------------------------------------------------------------------
+class _Oracle(torch.nn.Module):
+    """Ranks first the true next token of ``ids`` (or always ``constant``): the two ends of key_digit_accuracy."""
+
+    def __init__(self, ids, vocab, constant=None, letter_above=None):
+        super().__init__()
+        self.ids, self.vocab, self.constant, self.letter_above = ids, vocab, constant, letter_above
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, input_ids):
+        n = input_ids.shape[1]
+        logits = torch.zeros(1, n, self.vocab)
+        for i in range(n - 1):
+            logits[0, i, self.constant if self.constant is not None else self.ids[i + 1]] = 1.0
+            if self.letter_above is not None:  # a letter ranked above everything: the digits still decide
+                logits[0, i, self.letter_above] = 2.0
+        return type("Out", (), {"logits": logits})()
+
+
+def test_key_digit_accuracy_counts_digits_ranked_first():
+    from hf_posenc.evaluation.passkey import build_passkey_prompt, key_digit_accuracy
+
+    tok = byte_tokenizer()
+    prompt = build_passkey_prompt(tok, 300, 0.5, 12345)
+    ids = tok(f"{prompt.text} {prompt.key}", add_special_tokens=False).input_ids
+    assert key_digit_accuracy(_Oracle(ids, 257), tok, prompt) == 1.0
+    assert key_digit_accuracy(_Oracle(ids, 257, constant=ord("3")), tok, prompt) == pytest.approx(1 / 5)
+    assert key_digit_accuracy(_Oracle(ids, 257, constant=ord("9")), tok, prompt) == 0.0
+    assert key_digit_accuracy(_Oracle(ids, 257, letter_above=ord("e")), tok, prompt) == 1.0  # among the digits
+
+
+def test_context_extension_toy_end_to_end(austen, tmp_path):
+    import yaml
+
+    from hf_posenc.experiments.config import ContextExtensionConfig
+    from hf_posenc.experiments.context_extension import BASE_LABEL
+
+    data, out, work = _toy_experiment("context_extension", tmp_path)
+    config = ContextExtensionConfig.preset("toy", seeds=1)
+    assert [r["label"] for r in data["runs"]] == [BASE_LABEL, *config.schemes]
+    base_model = str(work / "runs" / "base" / "run" / "model")
+    for label, spec in config.schemes.items():
+        from hf_posenc.experiments.runner import slug
+
+        run_dir = work / "runs" / slug(label) / "seed0" / "run"
+        recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text())
+        assert recipe["model"]["path"] == base_model and recipe["context_length"] == config.extended_length
+        assert recipe["scheme"]["replace"] is True
+        saved = json.loads((run_dir / "model" / "config.json").read_text())
+        assert saved["hf_posenc"]["scheme"] == spec.split(":")[0]
+    for r in data["runs"]:
+        assert sorted(r["perplexity"], key=int) == [str(n) for n in config.eval_lengths]
+        for n in config.passkey_lengths:
+            p = r["passkey"][str(n)]
+            assert 0.0 <= p["exact"] <= 1.0 and 0.0 <= p["digits"] <= 1.0 and p["prompts"] == 1
+    assert data["passkey"][BASE_LABEL][str(config.passkey_lengths[0])]["digits"] == \
+        data["runs"][0]["passkey"][str(config.passkey_lengths[0])]["digits"]
+    markdown = (out / "results.md").read_text()
+    assert "Passkey retrieval" in markdown and "| TAPE |" in markdown
+    assert (out / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# -- reproducibility --------------------------------------------------------------------------------------------
+def test_t_quantiles_match_the_tables():
+    from hf_posenc.experiments.reproduce import t_quantile
+
+    for df, value in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)):
+        assert t_quantile(0.975, df) == pytest.approx(value, abs=1e-3)
+    assert t_quantile(0.95, 2) == pytest.approx(2.920, abs=1e-3)
+
+
+def _report(seeds, rows):
+    return {"config": {"seeds": seeds}, "summary": {"heldout_nll": {
+        label: {str(n): {"mean": m, "sd": s} for n, (m, s) in row.items()} for label, row in rows.items()}}}
+
+
+def test_reproducibility_uses_the_prediction_interval_of_a_mean():
+    from hf_posenc.experiments.reproduce import compare
+
+    committed = _report(3, {"RoPE": {64: (1.80, 0.01), 128: (1.90, 0.01)}, "NoPE": {64: (2.40, 0.0)}})
+    # half width for n = 3 committed, m = 1 new seed: 4.303 * 0.01 * sqrt(1/3 + 1) = 0.0497
+    rerun = _report(1, {"RoPE": {64: (1.849, 0.0), 128: (1.951, 0.0)}, "NoPE": {64: (2.40, 0.0)}, "New": {64: (1, 0)}})
+    result = compare(committed, rerun)
+    cells = {(c["label"], c["length"]): c for c in result["cells"]}
+    assert set(cells) == {("RoPE", 64), ("RoPE", 128), ("NoPE", 64)}
+    assert cells[("RoPE", 64)]["half_width"] == pytest.approx(4.3027 * 0.01 * math.sqrt(4 / 3), rel=1e-4)
+    assert cells[("RoPE", 64)]["inside"] and not cells[("RoPE", 128)]["inside"] and cells[("NoPE", 64)]["inside"]
+    assert (result["inside"], result["total"]) == (2, 3)
+    with pytest.raises(ValueError, match="one seed"):
+        compare(_report(1, {"RoPE": {64: (1.8, 0.0)}}), rerun)
+
+
+def test_tapa_phase_scale_reads_the_phase_half_of_q_and_k():
+    """Doubling the phase half of W_q doubles every quadratic phase; doubling the amplitude half changes none;
+    the d = 1 -> 2 change is the phase times 2^alpha - 1."""
+    import hf_posenc
+    from hf_posenc.experiments.why import tapa_phase_scale
+    from hf_posenc.patching import scheme_record
+    from tiny import random_ids, tiny_model
+
+    with pytest.warns(UserWarning):
+        model = hf_posenc.patch_model(tiny_model("llama", num_hidden_layers=1), "tapa", alpha=0.5)  # one layer:
+        # editing its W_q changes no other layer's input
+    scheme = scheme_record(model).scheme
+    ids = random_ids(1, 16)
+    before = tapa_phase_scale(model, ids, scheme)
+    head_dim = model.config.head_dim
+    with torch.no_grad():
+        for layer in model.model.layers:
+            w = layer.self_attn.q_proj.weight.view(-1, head_dim, model.config.hidden_size)
+            w[:, head_dim // 2:] *= 2  # the phase half of every head
+    after = tapa_phase_scale(model, ids, scheme)
+    assert after["median_phase_rad"] == pytest.approx(2 * before["median_phase_rad"], rel=1e-5)
+    assert before["median_change_d1_to_d2_rad"] == pytest.approx(before["median_phase_rad"] * (2 ** 0.5 - 1))
+    with torch.no_grad():
+        for layer in model.model.layers:
+            w = layer.self_attn.q_proj.weight.view(-1, head_dim, model.config.hidden_size)
+            w[:, : head_dim // 2] *= 3  # the amplitude half
+    assert tapa_phase_scale(model, ids, scheme)["median_phase_rad"] == pytest.approx(after["median_phase_rad"],
+                                                                                    rel=1e-5)
+
+
+def test_tapa_recipe_ships_the_settings_the_committed_sweep_found():
+    """recipes/scratch-tiny-llama-tapa.yaml against examples/experiments/tapa-trainability: TAPA's learning rate
+    relative to RoPE's is the best row's, and the paper's theta kept there is within noise of the best row's."""
+    import yaml
+
+    data = json.loads((ROOT / "examples" / "experiments" / "tapa-trainability" / "results.json").read_text())
+    nll = data["summary"]["heldout_nll"]
+    tapa_rows = {k: v["64"] for k, v in nll.items() if k.startswith("TAPA")}
+    best = min(tapa_rows, key=lambda k: tapa_rows[k]["mean"])
+    variant = data["config"]["variants"][best]
+    base_lr = data["config"]["base"]["train"]["learning_rate"]
+    ratio = (variant["learning_rate"] or base_lr) / base_lr
+    rope = yaml.safe_load((ROOT / "recipes" / "scratch-tiny-llama.yaml").read_text())
+    tapa = yaml.safe_load((ROOT / "recipes" / "scratch-tiny-llama-tapa.yaml").read_text())
+    assert tapa["training"]["learning_rate"] / rope["training"]["learning_rate"] == pytest.approx(ratio, rel=0.02)
+    assert tapa["scheme"]["name"] == "tapa" and tapa["scheme"]["alpha"] == 0.1
+    same_lr = [k for k in tapa_rows if data["config"]["variants"][k]["learning_rate"] == variant["learning_rate"]
+               and data["config"]["variants"][k]["spec"] == "tapa"]  # the paper's alpha, theta and phase
+    assert same_lr, "the sweep has no row at the best learning rate with the paper's theta"
+    other = tapa_rows[same_lr[0]]
+    assert tapa["scheme"]["theta"] == 0.5 and tapa["scheme"]["phase"] == "quadratic"
+    assert abs(other["mean"] - tapa_rows[best]["mean"]) <= 2 * math.hypot(other["sd"], tapa_rows[best]["sd"])
+    assert {k: v for k, v in tapa["model"]["config"].items()} == rope["model"]["config"]

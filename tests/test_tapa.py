@@ -70,6 +70,24 @@ def test_packed_sequences_equal_separate_passes():
 
 
 @pytest.mark.parametrize("backend", ["reference", "triton"])
+def test_position_jumps_are_packing_only_without_a_mask(backend):
+    """Transformers' rule, which stock SDPA follows: jumps in the position ids split attention into packed
+    documents only when no attention mask is passed (and, for stock, no cache: compared with use_cache=False);
+    with a mask (the perturbation diagnostics, any caller that moves position ids) the tokens form one sequence."""
+    ids = random_ids(1, 12, seed=3)
+    changed = ids.clone()
+    changed[0, 2] = (ids[0, 2] + 1) % 128  # a token of the first "document"
+    positions = torch.cat([torch.arange(6), torch.arange(20, 26)])[None]
+    ones = torch.ones_like(ids)
+    for model in (tapa_model("llama", backend), tiny_model("llama", "sdpa")):
+        packed = [logits(model, x, position_ids=positions, use_cache=False)[:, 6:] for x in (ids, changed)]
+        torch.testing.assert_close(packed[0], packed[1], rtol=0, atol=0)  # the second document cannot see it
+        one = [logits(model, x, position_ids=positions, attention_mask=ones, use_cache=False)[:, 6:]
+               for x in (ids, changed)]
+        assert (one[0] - one[1]).abs().max() > 1e-4  # one sequence: the later tokens see the change
+
+
+@pytest.mark.parametrize("backend", ["reference", "triton"])
 def test_a_few_training_steps_reduce_the_loss_with_gradient_checkpointing(backend):
     torch.manual_seed(0)
     model = tapa_model("llama", backend).train()

@@ -234,8 +234,15 @@ def test_fused_kernel_decode_matches_the_full_pass_and_refuses_packing():
         prefix = model(ids[:, :11], use_cache=True)
         step = model(ids[:, 11:], past_key_values=prefix.past_key_values, use_cache=True)
     torch.testing.assert_close(step.logits, full[:, 11:], rtol=1e-4, atol=1e-4)
+    jumps = torch.cat([torch.arange(7), torch.arange(7)])[None]
     with pytest.raises(ValueError, match="packed sequences; use backend='auto'"):
-        logits(model, ids, position_ids=torch.cat([torch.arange(7), torch.arange(7)])[None])
+        logits(model, ids, position_ids=jumps)
+    # with a mask the tokens are one sequence (Transformers' rule), which the fused kernel computes
+    auto = perturb(hf_posenc.patch_model(tiny_model("llama", "sdpa"), "tape", backend="auto"))
+    auto.load_state_dict(model.state_dict())
+    ones = torch.ones_like(ids)
+    torch.testing.assert_close(logits(model, ids, position_ids=jumps, attention_mask=ones),
+                               logits(auto, ids, position_ids=jumps, attention_mask=ones), rtol=1e-4, atol=1e-4)
 
 
 def test_peft_adapter_round_trip_restores_tape_weights_and_refuses_an_unpatched_base(tmp_path):

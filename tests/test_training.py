@@ -352,3 +352,28 @@ def test_shipped_recipes_parse():
         data = tcfg.read_yaml(path.read_text())
         recipe = tcfg.parse_section(tcfg.Recipe, data)  # types and keys (data files may live on GPU hosts)
         recipe.scheme_config()
+
+
+def test_lora_setup_is_one_path_with_checked_names(workspace):
+    """hf-posenc train wraps with adapters.lora_config: the scheme's modules, norms of every kind, embeddings with
+    an untied head, and names that are not modules refused (as a RecipeError naming the section in a recipe)."""
+    from hf_posenc.adapters import lora_config
+    from hf_posenc.training.trainer import wrap_peft
+    from tiny import tiny_model
+
+    tape = hf_posenc.patch_model(tiny_model("llama"), "tape")
+    config = lora_config(tape, r=2, train_norms=True, train_embeddings=True)
+    assert set(config.modules_to_save) == {"tape", "input_layernorm", "post_attention_layernorm", "norm",
+                                           "embed_tokens", "lm_head"}  # tiny llama: untied head
+    assert lora_config(tape, r=2, scheme_modules=False).modules_to_save is None
+    qwen3 = tiny_model("qwen3", tie_word_embeddings=True)
+    tied = lora_config(qwen3, r=2, train_norms=True, train_embeddings=True)
+    assert {"q_norm", "k_norm", "embed_tokens"} <= set(tied.modules_to_save) and "lm_head" not in tied.modules_to_save
+    assert tied.ensure_weight_tying
+    with pytest.raises(ValueError, match=r"\['qkv_proj'\] are not modules of this model.*'q_proj'"):
+        lora_config(qwen3, target_modules=("qkv_proj",))
+    with pytest.raises(ValueError, match=r"modules_to_save \['adapter_norm'\] are not modules"):
+        lora_config(qwen3, modules_to_save=("adapter_norm",))
+    recipe = load_recipe(data=_recipe(workspace, "lora", peft={"target_modules": ["qkv_proj"]}))
+    with pytest.raises(RecipeError, match="peft: LoRA target_modules"):
+        wrap_peft(recipe, tiny_model("llama"))

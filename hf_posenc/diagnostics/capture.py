@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ..layers import decoder_layers
+
 KINDS = ("q", "k", "v")
 
 
@@ -34,15 +36,6 @@ class AttentionGeometry:
     @property
     def group(self) -> int:
         return self.num_heads // self.num_kv_heads
-
-
-def decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a causal LM (``model.model.layers`` in every supported family)."""
-    base = model.get_decoder() if hasattr(model, "get_decoder") else getattr(model, "model", model)
-    layers = getattr(base, "layers", None)
-    if layers is None:
-        raise TypeError(f"{type(model).__name__} has no decoder `layers`; pass a Transformers causal LM.")
-    return layers
 
 
 def geometry(model: nn.Module) -> AttentionGeometry:

@@ -2,28 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
 from typing import Any
 
-import torch
+from ..results_io import dumps, pyplot, strict_json, write_json
 
-
-def _plain(value: Any) -> Any:
-    """Tensors to lists, NaN/inf to ``None`` (strict JSON), recursively."""
-    if isinstance(value, torch.Tensor):
-        return _plain(value.tolist())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+__all__ = ["ResultMixin", "pyplot", "normalise_named", "save_figure"]
 
 
 class ResultMixin:
@@ -32,29 +16,15 @@ class ResultMixin:
     analysis: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        out = _plain(self)
+        out = strict_json(self)
         out["analysis"] = self.analysis
         return out
 
     def to_json(self, indent: int | None = 2) -> str:
-        return json.dumps(self.to_dict(), indent=indent, allow_nan=False)
+        return dumps(self.to_dict(), indent)
 
     def save_json(self, path: str | os.PathLike) -> str:
-        path = os.fspath(path)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_json())
-        return path
-
-
-def pyplot():
-    """matplotlib's pyplot on the Agg backend (files only, no display needed)."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
+        return write_json(self.to_dict(), path)
 
 
 def normalise_named(results: Any, kind: type) -> dict[str, Any]:

@@ -18,7 +18,7 @@ result = evaluate_schemes(stock, ["rope", "cope:clip_low_n=10", "prope:p=0.75"],
 """
 
 from .needle import NEEDLE_TASKS, NeedlePrompt, build_needle_prompt, needle_prompt, score_needle
-from .passkey import PasskeyPrompt, build_passkey_prompt, passkey_prompt, score_passkey
+from .passkey import PasskeyPrompt, build_passkey_prompt, key_digit_accuracy, passkey_prompt, score_passkey
 from .perplexity import (
     TextTooShortError, perplexity_at_lengths, sliding_window_perplexity, tokenize_text, window_nll,
     window_nll_reference,
@@ -31,7 +31,7 @@ from .runner import TASKS, evaluate, evaluate_schemes, expand_tasks, scheme_labe
 __all__ = [
     "evaluate", "evaluate_schemes", "scheme_label", "expand_tasks", "TASKS", "EvaluationResult", "PerplexityResult", "RetrievalTrial", "PERPLEXITY_METHOD",
     "sliding_window_perplexity", "perplexity_at_lengths", "tokenize_text", "window_nll", "window_nll_reference",
-    "TextTooShortError", "passkey_prompt", "build_passkey_prompt", "score_passkey", "PasskeyPrompt",
+    "TextTooShortError", "passkey_prompt", "build_passkey_prompt", "score_passkey", "key_digit_accuracy", "PasskeyPrompt",
     "NEEDLE_TASKS", "needle_prompt", "build_needle_prompt", "score_needle", "NeedlePrompt", "greedy_generate",
     "GenerateFn", "write_report", "markdown_report", "plot_perplexity", "plot_accuracy_heatmaps",
 ]

@@ -91,3 +91,37 @@ def score_passkey(output: str, key: int) -> bool:
     """Exact match: the first integer in the generated text equals the key."""
     match = re.search(r"\d+", output)
     return match is not None and int(match.group()) == int(key)
+
+
+def key_digit_accuracy(model: Any, tokenizer: Any, prompt: PasskeyPrompt) -> float:
+    """Teacher-forced retrieval: the fraction of the key's digits that the model ranks first *among the ten digits*
+    when the prompt is followed by ``" {key}"``.
+
+    A graded companion to exact match for small models, which rarely write all five digits right (and may never
+    rank a digit above every letter): a model that copies the key from the needle scores near 1, one that guesses
+    about 0.1. Needs a tokenizer that writes each digit as one token (byte-level, SmolLM2, Llama 3 and most BPE
+    vocabularies) and whose prompt tokens are a prefix of the continued text's; otherwise a ``ValueError`` says so.
+    """
+    import torch
+
+    digit_ids = []
+    for d in "0123456789":
+        ids = tokenizer(d, add_special_tokens=False).input_ids
+        if len(ids) != 1:
+            raise ValueError(f"the tokenizer writes the digit {d!r} as {len(ids)} tokens; key_digit_accuracy needs "
+                             "one token per digit")
+        digit_ids.append(ids[0])
+    prompt_ids = tokenizer(prompt.text, add_special_tokens=False).input_ids
+    full_ids = tokenizer(f"{prompt.text} {prompt.key}", add_special_tokens=False).input_ids
+    if full_ids[: len(prompt_ids)] != prompt_ids:
+        raise ValueError("the tokenizer merges the prompt's last token with the key; teacher-forced key accuracy "
+                         "needs the prompt's tokens to be a prefix of the prompt followed by the key")
+    positions = [i for i in range(len(prompt_ids), len(full_ids)) if full_ids[i] in digit_ids]
+    if len(positions) != len(str(prompt.key)):
+        raise ValueError(f"the key {prompt.key} is not one token per digit after the prompt with this tokenizer")
+    device = next(model.parameters()).device
+    with torch.no_grad():
+        logits = model(torch.tensor([full_ids], device=device)).logits[0]
+    among = logits[[i - 1 for i in positions]][:, digit_ids]  # [digits of the key, 10]
+    predicted = [digit_ids[j] for j in among.argmax(-1).tolist()]
+    return sum(p == full_ids[i] for p, i in zip(predicted, positions)) / len(positions)

@@ -19,6 +19,7 @@ window are never materialised. :func:`window_nll_reference` is the plain full-lo
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Iterator, Sequence
@@ -118,6 +119,41 @@ def window_nll(model: Any, window: torch.Tensor, num_new: int, chunk_size: int =
     return float(total), int(targets.numel())
 
 
+#: windows from this many tokens get a progress bar over the decoder layers inside each forward (minutes on a CPU)
+LAYER_PROGRESS_FROM = 4096
+
+
+@contextlib.contextmanager
+def layer_progress(model: Any, desc: str, enabled: bool = True) -> Iterator[None]:
+    """A progress bar (with tqdm's time estimate) advanced as each decoder layer of ``model`` finishes its forward:
+    progress inside one long forward. Models without decoder layers at ``.model.layers`` get no bar."""
+    from tqdm.auto import tqdm
+
+    from ..layers import decoder_layers
+
+    layers = None
+    if enabled:
+        try:
+            layers = decoder_layers(model)
+        except TypeError:  # not a Transformers decoder (e.g. a bare module): nothing to count, no bar
+            layers = None
+    if layers is None:
+        yield
+        return
+    bar = tqdm(total=len(layers), desc=desc, unit="layer", leave=False)
+
+    def advance(*_: Any) -> None:  # returns None: the layer's output stays as it is
+        bar.update(1)
+
+    handles = [layer.register_forward_hook(advance) for layer in layers]
+    try:
+        yield
+    finally:
+        for handle in handles:
+            handle.remove()
+        bar.close()
+
+
 def sliding_window_perplexity(
     model: Any,
     input_ids: torch.Tensor,
@@ -157,10 +193,12 @@ def sliding_window_perplexity(
     kwargs = {"chunk_size": chunk_size} if fast else {}
     total, count = 0.0, 0
     started = time.perf_counter()
+    per_layer = progress and context_length >= LAYER_PROGRESS_FROM
     with torch.inference_mode():
         bar = tqdm(spans, desc=f"ppl {name} L={context_length}", unit="win", disable=not progress, leave=False)
         for begin, end, num_new in bar:
-            nll, n = score(model, ids[:, begin:end].to(device), num_new, **kwargs)
+            with layer_progress(model, f"  window {begin}-{end}", per_layer):
+                nll, n = score(model, ids[:, begin:end].to(device), num_new, **kwargs)
             total, count = total + nll, count + n
             bar.set_postfix(ppl=f"{math.exp(min(total / max(count, 1), 700.0)):.3f}")
     mean = total / count

@@ -14,6 +14,8 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..results_io import dumps, write_json
+
 PERPLEXITY_METHOD = "sliding-window (Press et al. stride)"
 
 
@@ -123,7 +125,7 @@ class EvaluationResult:
 
     def to_json(self, indent: int | None = 2) -> str:
         """Strict JSON (an infinite perplexity is written as ``null``)."""
-        return json.dumps(_finite(self.to_dict()), indent=indent, allow_nan=False)
+        return dumps(self.to_dict(), indent)
 
     @classmethod
     def from_json(cls, text: str) -> EvaluationResult:
@@ -135,23 +137,9 @@ class EvaluationResult:
         return cls.from_dict(data)
 
     def save_json(self, path: str | os.PathLike) -> str:
-        path = os.fspath(path)
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(self.to_json())
-        return path
+        return write_json(self.to_dict(), path)
 
     @classmethod
     def load_json(cls, path: str | os.PathLike) -> EvaluationResult:
         with open(path, encoding="utf-8") as f:
             return cls.from_json(f.read())
-
-
-def _finite(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value

@@ -2,6 +2,11 @@
 real held-out text, several seeds, in minutes on 2 CPU cores.
 
 * :mod:`.length_generalisation`: train from scratch at L, evaluate at L…8L;
+* :mod:`.tapa_trainability`: TAPA's α, θ, phase, learning rate, warm-up and initial scale swept against RoPE/NoPE;
+* :mod:`.context_extension`: a RoPE base pretrained at L, continued at 4L with each scheme, evaluated to 16L and
+  by passkey retrieval;
+* :mod:`.why`: the position-generalization diagnostics on each experiment's trained models;
+  :mod:`.reproduce`: a rerun with other seeds against a committed report;
 * :mod:`.corpus`: Jane Austen's novels from Debian's ``r-cran-janeaustenr`` (read by :mod:`.rdata`), one novel
   held out; :mod:`.tokenizer`: the byte-level tokenizer;
 * :mod:`.runner`: cells (scheme × seed) trained with :mod:`hf_posenc.training`, evaluated with
@@ -10,8 +15,10 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
 This is an application layer: it imports training, evaluation and the core, and nothing but the CLI imports it.
 """
 
-from .config import LengthGeneralisationConfig, ModelSettings, TrainSettings
+from .config import (
+    ContextExtensionConfig, LengthGeneralisationConfig, ModelSettings, TapaTrainabilityConfig, TrainSettings, Variant,
+)
 from .corpus import Corpus, austen_corpus, ngram_entropies
 
-__all__ = ["LengthGeneralisationConfig", "ModelSettings", "TrainSettings", "Corpus", "austen_corpus",
-           "ngram_entropies"]
+__all__ = ["LengthGeneralisationConfig", "TapaTrainabilityConfig", "ContextExtensionConfig", "Variant", "ModelSettings",
+           "TrainSettings", "Corpus", "austen_corpus", "ngram_entropies"]

@@ -1,16 +1,26 @@
-"""``hf-posenc experiment NAME [--size toy|small] [--seeds N] [--out DIR] [--work DIR]``: run a miniature
-reproduction and write ``results.json``, ``results.md`` and a PNG to ``--out``."""
+"""``hf-posenc experiment NAME [--size toy|small] [--seeds N] [--first-seed K] [--out DIR] [--work DIR]
+[--check-against RESULTS_JSON]``: run a miniature reproduction and write ``results.json``, ``results.md`` and
+PNGs to ``--out``; with ``--check-against``, also whether its means reproduce a committed report's
+(:mod:`.reproduce`)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
+import json
 import shlex
 import sys
 from pathlib import Path
 
 from .config import SIZES
 
-EXPERIMENTS = ("length_generalisation",)
+# experiment name -> (module with run(config, out, work, command, progress=...), config class with preset())
+MODULES = {
+    "length_generalisation": ("length_generalisation", "LengthGeneralisationConfig"),
+    "tapa_trainability": ("tapa_trainability", "TapaTrainabilityConfig"),
+    "context_extension": ("context_extension", "ContextExtensionConfig"),
+}
+EXPERIMENTS = tuple(MODULES)
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +29,11 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", choices=SIZES, default="small",
                         help="toy: seconds (smoke test); small: the committed results (default)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per scheme (default 3)")
+    parser.add_argument("--first-seed", type=int, default=0,
+                        help="first seed (default 0); other seeds rerun the experiment to check that it reproduces")
+    parser.add_argument("--check-against", metavar="RESULTS_JSON",
+                        help="compare the means with a committed results.json of the same experiment (95%% "
+                             "prediction intervals) and write reproducibility.md/.json next to the results")
     parser.add_argument("--out", help="where results.json/.md/.png go (default out/experiments/NAME-SIZE)")
     parser.add_argument("--work", help="where runs are trained and cached (default out/experiments/NAME-SIZE/work); "
                                        "a rerun reuses finished runs with the same settings")
@@ -28,6 +43,10 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
 def rerun_command(args: argparse.Namespace) -> str:
     """The canonical command line that reproduces this run."""
     parts = ["hf-posenc", "experiment", args.name, "--size", args.size, "--seeds", str(args.seeds)]
+    if args.first_seed:
+        parts += ["--first-seed", str(args.first_seed)]
+    if args.check_against:
+        parts += ["--check-against", args.check_against]
     if args.out:
         parts += ["--out", args.out]
     return shlex.join(parts)
@@ -40,12 +59,29 @@ def run_experiment(args: argparse.Namespace) -> int:
     default = Path("out") / "experiments" / f"{args.name}-{args.size}"
     out = Path(args.out) if args.out else default
     work = Path(args.work) if args.work else default / "work"
-    if args.name == "length_generalisation":
-        from . import length_generalisation as experiment
-        from .config import LengthGeneralisationConfig
-
-        config = LengthGeneralisationConfig.preset(args.size, seeds=args.seeds)
+    committed = None
+    if args.check_against:
+        path = Path(args.check_against)
+        if not path.is_file():
+            raise FileNotFoundError(f"--check-against {path}: no such results.json")
+        committed = json.loads(path.read_text())
+        if committed.get("experiment") != args.name:
+            raise ValueError(f"--check-against {path} is a {committed.get('experiment')!r} report, not {args.name!r}")
+        if out.resolve() == path.parent.resolve():
+            raise ValueError("--out must differ from the folder of --check-against: the rerun would overwrite the "
+                             "committed report it is compared with")
+    module_name, config_name = MODULES[args.name]
+    experiment = importlib.import_module(f"{__package__}.{module_name}")
+    config = getattr(importlib.import_module(f"{__package__}.config"), config_name).preset(
+        args.size, seeds=args.seeds, first_seed=args.first_seed)
     payload = experiment.run(config, out, work, rerun_command(args), progress=not args.no_progress)
     print("\n".join(payload["verdict"]))
+    if committed is not None:
+        from .reproduce import compare, write_comparison
+
+        result = compare(committed, payload)
+        write_comparison(result, out, args.check_against, payload["command"])
+        print(f"reproducibility: {result['inside']} of {result['total']} cells inside the 95% prediction intervals "
+              f"({out / 'reproducibility.md'})")
     print(f"results: {out / 'results.md'}", file=sys.stderr)
     return 0

@@ -39,6 +39,8 @@ class ModelSettings:
         num_heads: attention heads; ``hidden_size = num_heads * head_dim``.
         head_dim: per-head width (TAPA splits it into amplitude and phase halves at θ = 0.5).
         rope_theta: RoPE base θ of the frequency schemes.
+        initializer_range: standard deviation of the initial weights (Llama's ``initializer_range``); it sets the
+            initial scale of q and k, hence TAPA's initial phase.
     """
 
     hidden_size: int
@@ -47,6 +49,7 @@ class ModelSettings:
     num_heads: int
     head_dim: int
     rope_theta: float = 10000.0
+    initializer_range: float = 0.02
 
     def __post_init__(self) -> None:
         if self.num_heads * self.head_dim != self.hidden_size:
@@ -60,7 +63,7 @@ class ModelSettings:
             "intermediate_size": self.intermediate_size, "num_hidden_layers": self.num_layers,
             "num_attention_heads": self.num_heads, "num_key_value_heads": self.num_heads, "head_dim": self.head_dim,
             "max_position_embeddings": max_positions, "tie_word_embeddings": True, "bos_token_id": eos_id,
-            "eos_token_id": eos_id, "rope_theta": self.rope_theta,
+            "eos_token_id": eos_id, "rope_theta": self.rope_theta, "initializer_range": self.initializer_range,
         }
 
 
@@ -83,21 +86,21 @@ class TrainSettings:
     weight_decay: float = 0.01
 
 
-@dataclass(frozen=True)
-class LengthGeneralisationConfig:
-    """Length generalisation from scratch (TAPA, p-RoPE and CoPE papers): one model per scheme and seed trained
-    at ``context_length`` tokens, evaluated by held-out perplexity at each of ``eval_multiples`` × L.
+@dataclass(frozen=True, kw_only=True)
+class ExperimentSettings:
+    """What every miniature experiment has: the lengths, the held-out evaluation, the model and the seeds.
 
     Attributes:
         size: the preset's name.
-        context_length: training length L (bytes).
+        context_length: the (pre)training length L (bytes).
         eval_multiples: evaluation lengths as multiples of L.
         eval_tokens: held-out bytes scored at every length (disjoint windows, so every position 0…n−1 is scored).
         train_chars: characters kept from the start of each training novel (``None``: all of them).
         model: the decoder.
-        train: the optimisation.
-        schemes: report label -> scheme spec.
-        seeds: how many seeds (0, 1, …) per scheme.
+        seeds: how many seeds per row.
+        first_seed: the first seed (``first_seed, first_seed + 1, …``); another value reruns the experiment with
+            other seeds, to check that its means reproduce.
+        diagnostic_tokens: held-out bytes the diagnostics (:mod:`.why`) read, from the start of the evaluation text.
     """
 
     size: str
@@ -106,15 +109,15 @@ class LengthGeneralisationConfig:
     eval_tokens: int
     train_chars: int | None
     model: ModelSettings
-    train: TrainSettings
-    schemes: dict[str, str] = field(default_factory=lambda: dict(LENGTH_GENERALISATION_SCHEMES))
     seeds: int = 3
-
-    name = "length_generalisation"
+    first_seed: int = 0
+    diagnostic_tokens: int = 4096
 
     def __post_init__(self) -> None:
         if self.seeds < 1:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
+        if self.first_seed < 0:
+            raise ValueError(f"first_seed must be >= 0, got {self.first_seed}")
         longest = self.context_length * max(self.eval_multiples)
         if self.eval_tokens < longest:
             raise ValueError(f"eval_tokens={self.eval_tokens} must be at least the longest evaluation length "
@@ -124,20 +127,221 @@ class LengthGeneralisationConfig:
     def eval_lengths(self) -> list[int]:
         return [self.context_length * m for m in self.eval_multiples]
 
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
+
+    name = "experiment"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.name, **dataclasses.asdict(self)}
+
+
+@dataclass(frozen=True, kw_only=True)
+class LengthGeneralisationConfig(ExperimentSettings):
+    """Length generalisation from scratch (TAPA, p-RoPE and CoPE papers): one model per scheme and seed trained
+    at ``context_length`` tokens, evaluated by held-out perplexity at each of ``eval_multiples`` × L (the shared
+    settings: :class:`ExperimentSettings`).
+
+    Attributes:
+        train: the optimisation.
+        schemes: report label -> scheme spec.
+    """
+
+    train: TrainSettings
+    schemes: dict[str, str] = field(default_factory=lambda: dict(LENGTH_GENERALISATION_SCHEMES))
+
+    name = "length_generalisation"
+
     @classmethod
-    def preset(cls, size: str, seeds: int = 3) -> LengthGeneralisationConfig:
+    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> LengthGeneralisationConfig:
         """``toy``: seconds per run, for the CI smoke test; ``small``: the committed experiment (about 11 min with
         3 seeds on 2 idle CPU cores)."""
         if size == "toy":
             return cls(size="toy", context_length=16, eval_multiples=(1, 2, 4, 8), eval_tokens=1024,
                        train_chars=4096, model=ModelSettings(32, 64, 1, 2, 16),
-                       train=TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1), seeds=seeds)
+                       train=TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1), seeds=seeds,
+                       first_seed=first_seed)
         if size == "small":
             return cls(size="small", context_length=64, eval_multiples=(1, 2, 4, 8), eval_tokens=16384,
                        train_chars=None, model=ModelSettings(64, 192, 2, 2, 32),
                        train=TrainSettings(steps=1000, batch_size=16, learning_rate=3e-3, warmup_steps=50),
-                       seeds=seeds)
+                       seeds=seeds, first_seed=first_seed)
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
 
+
+@dataclass(frozen=True)
+class Variant:
+    """One arm of a sweep: a scheme spec and the settings it changes from the experiment's defaults.
+
+    Attributes:
+        spec: scheme spec (``tapa:alpha=0.5``).
+        learning_rate: peak learning rate (``None``: the experiment's).
+        warmup_steps: linear warm-up steps (``None``: the experiment's).
+        initializer_range: initial weight standard deviation (``None``: the experiment's).
+    """
+
+    spec: str
+    learning_rate: float | None = None
+    warmup_steps: int | None = None
+    initializer_range: float | None = None
+
+    def apply(self, model: ModelSettings, train: TrainSettings) -> tuple[ModelSettings, TrainSettings]:
+        """The model and optimisation settings of this arm."""
+        if self.initializer_range is not None:
+            model = dataclasses.replace(model, initializer_range=self.initializer_range)
+        changes = {k: v for k, v in (("learning_rate", self.learning_rate), ("warmup_steps", self.warmup_steps))
+                   if v is not None}
+        return model, dataclasses.replace(train, **changes)
+
+
+# The TAPA sweep: the paper's setting (α 0.1, θ 0.5, quadratic phase), then one knob at a time. RoPE and NoPE are
+# the references, trained with the experiment's defaults. Initial weight std 0.02 / 0.05 / 0.1 puts TAPA's initial
+# phase 2π|m−n|^α·q_P·k_P/√((1−θ)D) at about 0.15 / 1 / 4 rad (d = 64): the last is the regime of QK-norm models.
+TAPA_VARIANTS: dict[str, Variant] = {
+    "RoPE": Variant("rope"),
+    "NoPE": Variant("prope:p=0"),
+    "TAPA paper": Variant("tapa"),
+    "TAPA alpha=0.5": Variant("tapa:alpha=0.5"),
+    "TAPA alpha=1": Variant("tapa:alpha=1.0"),
+    "TAPA theta=0.25": Variant("tapa:theta=0.25"),
+    "TAPA theta=0.75": Variant("tapa:theta=0.75"),
+    "TAPA linear phase": Variant("tapa:phase=linear"),
+    "TAPA lr=1e-3": Variant("tapa", learning_rate=1e-3),
+    "TAPA lr=1e-2": Variant("tapa", learning_rate=1e-2),
+    "TAPA warm-up=200": Variant("tapa", warmup_steps=200),
+    "TAPA init=0.05": Variant("tapa", initializer_range=0.05),
+    "TAPA init=0.1": Variant("tapa", initializer_range=0.1),
+    # second round, after the first: the lower learning rate was TAPA's best single change (the paper, too, trains
+    # TAPA at 1/5 of RoPE's rate); is lower still better, does θ = 0.75 add to it, and what does RoPE do at 1e-3?
+    "TAPA lr=3e-4": Variant("tapa", learning_rate=3e-4),
+    "TAPA lr=1e-3 theta=0.75": Variant("tapa:theta=0.75", learning_rate=1e-3),
+    "RoPE lr=1e-3": Variant("rope", learning_rate=1e-3),
+}
+
+
+@dataclass(frozen=True)
+class TapaTrainabilityConfig:
+    """Is TAPA trainable (issue: two small runs disagree)? The length-generalisation experiment's data, model and
+    optimisation, with TAPA's α, θ, phase, learning rate, warm-up and initial weight scale swept one at a time
+    against RoPE and NoPE.
+
+    Attributes:
+        base: the length-generalisation settings every arm starts from (same size preset).
+        variants: report label -> arm.
+    """
+
+    base: LengthGeneralisationConfig
+    variants: dict[str, Variant] = field(default_factory=lambda: dict(TAPA_VARIANTS))
+
+    name = "tapa_trainability"
+
+    @property
+    def size(self) -> str:
+        return self.base.size
+
+    @property
+    def seeds(self) -> int:
+        return self.base.seeds
+
+    @property
+    def seed_list(self) -> list[int]:
+        return self.base.seed_list
+
+    @property
+    def context_length(self) -> int:
+        return self.base.context_length
+
+    @property
+    def eval_lengths(self) -> list[int]:
+        return self.base.eval_lengths
+
+    @classmethod
+    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapaTrainabilityConfig:
+        """The sweep on the length-generalisation preset of the same size (``small``: about 25 min, 3 seeds)."""
+        return cls(base=LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed))
+
+    def arms(self) -> dict[str, tuple[str, ModelSettings, TrainSettings]]:
+        """label -> (scheme spec, model settings, optimisation settings)."""
+        return {label: (v.spec, *v.apply(self.base.model, self.base.train)) for label, v in self.variants.items()}
+
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, **dataclasses.asdict(self)}
+        return {"experiment": self.name, "base": dataclasses.asdict(self.base),
+                "variants": {k: dataclasses.asdict(v) for k, v in self.variants.items()}}
+
+
+# label -> scheme spec of the continued training at 4L (factor 4 where a scheme takes one; ABF raises θ 100x)
+CONTEXT_EXTENSION_SCHEMES: dict[str, str] = {
+    "RoPE": "rope",
+    "RoPE + ABF": "rope:rope_theta=1000000",
+    "PI": "rope:scaling=linear,factor=4",
+    "YaRN": "rope:scaling=yarn,factor=4",
+    "CoPE": "cope",
+    "CoPE + ABF": "cope:rope_theta=1000000",
+    "HardClip": "hardclip",
+    "p-RoPE 0.75": "prope:p=0.75",
+    "TAPE": "tape",
+    "TAPA": "tapa",
+}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextExtensionConfig(ExperimentSettings):
+    """Context extension of a pretrained base (CoPE, TAPE, PI, YaRN papers): a RoPE base is pretrained at L once
+    (cached), then trained further at ``extension_factor`` × L with each scheme (full fine-tuning; TAPE's new
+    modules start at zero, so its first step is the base), and evaluated by held-out loss from L to 16L and by
+    passkey retrieval at ``passkey_multiples`` × L (the shared settings: :class:`ExperimentSettings`; the seeds
+    are those of the continued training, the base is shared).
+
+    Attributes:
+        extension_factor: the continued-training length as a multiple of L.
+        pretrain: optimisation of the base at L (seed 0, once).
+        extend: optimisation of each continued-training run at ``extension_factor`` × L.
+        schemes: report label -> scheme spec of the continued training.
+        passkey_multiples: passkey lengths as multiples of L.
+        passkey_depths: needle depths of the passkey prompts.
+        passkey_trials: keys per (length, depth).
+    """
+
+    extension_factor: int
+    pretrain: TrainSettings
+    extend: TrainSettings
+    schemes: dict[str, str] = field(default_factory=lambda: dict(CONTEXT_EXTENSION_SCHEMES))
+    passkey_multiples: tuple[int, ...] = (4, 8)
+    passkey_depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    passkey_trials: int = 5
+
+    name = "context_extension"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.extension_factor < 2:
+            raise ValueError(f"extension_factor must be >= 2, got {self.extension_factor}")
+
+    @property
+    def extended_length(self) -> int:
+        return self.context_length * self.extension_factor
+
+    @property
+    def passkey_lengths(self) -> list[int]:
+        return [self.context_length * m for m in self.passkey_multiples]
+
+    @classmethod
+    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> ContextExtensionConfig:
+        """``toy``: seconds per run (CI smoke test; passkey at 16L = 256 bytes, the shortest prompt that fits);
+        ``small``: the committed experiment (the length-generalisation model and base optimisation, L = 64,
+        continued at 256 bytes)."""
+        if size == "toy":
+            return cls(size="toy", context_length=16, extension_factor=4, eval_multiples=(1, 4, 16),
+                       eval_tokens=1024, train_chars=4096, model=ModelSettings(32, 64, 1, 2, 16),
+                       pretrain=TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1),
+                       extend=TrainSettings(steps=2, batch_size=1, learning_rate=1e-3, warmup_steps=1),
+                       seeds=seeds, first_seed=first_seed, passkey_multiples=(16,), passkey_depths=(0.5,),
+                       passkey_trials=1)
+        if size == "small":
+            return cls(size="small", context_length=64, extension_factor=4, eval_multiples=(1, 2, 4, 8, 16),
+                       eval_tokens=16384, train_chars=None, model=ModelSettings(64, 192, 2, 2, 32),
+                       pretrain=TrainSettings(steps=1000, batch_size=16, learning_rate=3e-3, warmup_steps=50),
+                       extend=TrainSettings(steps=250, batch_size=4, learning_rate=1e-3, warmup_steps=25),
+                       seeds=seeds, first_seed=first_seed)
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")

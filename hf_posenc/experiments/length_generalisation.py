@@ -9,22 +9,22 @@ bigram floor uses more than one byte of context, which is where positional encod
 
 from __future__ import annotations
 
-import platform
-import sys
 import time
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from .config import LengthGeneralisationConfig
+from .config import ExperimentSettings, LengthGeneralisationConfig, ModelSettings, TrainSettings
 from .corpus import Corpus, austen_corpus, ngram_entropies
-from .report import markdown_table, plot_summary, write_json
-from .runner import Cell, Summary, build_recipe, fingerprint, run_cells, slug
+from .report import closing_lines, machine, markdown_table, payload_head, plot_summary, write_json
+from .runner import Cell, Summary, build_recipe, run_cells, slug
 from .tokenizer import VOCAB_SIZE, byte_tokenizer, save_byte_tokenizer
+from .why import diagnose
 
 
-def prepare(config: LengthGeneralisationConfig, corpus: Corpus, work: Path) -> dict[str, Any]:
+def prepare(config: ExperimentSettings, corpus: Corpus, work: Path) -> dict[str, Any]:
     """Write the training files, the held-out evaluation file and the tokenizer under ``work``; measure the floors."""
     data = work / "data"
     train = Corpus(corpus.name, {k: v if config.train_chars is None else v[: config.train_chars]
@@ -39,24 +39,43 @@ def prepare(config: LengthGeneralisationConfig, corpus: Corpus, work: Path) -> d
     if not eval_file.is_file() or eval_file.read_text(encoding="utf-8") != eval_text:
         eval_file.write_text(eval_text, encoding="utf-8")
     tok_dir = save_byte_tokenizer(data / "tokenizer")
-    return {"train_files": files, "eval_file": str(eval_file), "tokenizer_dir": tok_dir,
+    return {"train_files": files, "eval_file": str(eval_file), "tokenizer_dir": tok_dir, "eval_ids": eval_ids,
             "eos_id": tokenizer.eos_token_id, "floors": ngram_entropies(eval_ids),
             "train_bytes": sum(len(t.encode()) for t in train.train.values())}
 
 
+def begin(config: ExperimentSettings, out: str | Path, work: str | Path, corpus: Corpus | None
+          ) -> tuple[Path, Path, Corpus, dict[str, Any]]:
+    """Create ``out`` and ``work`` and prepare the data (:func:`prepare`; the Austen novels by default)."""
+    out, work = Path(out), Path(work)
+    out.mkdir(parents=True, exist_ok=True)
+    work.mkdir(parents=True, exist_ok=True)
+    corpus = austen_corpus() if corpus is None else corpus
+    return out, work, corpus, prepare(config, corpus, work)
+
+
 def cells(config: LengthGeneralisationConfig, prepared: dict[str, Any], work: Path) -> list[Cell]:
     """The (scheme, seed) grid, seeds innermost so that every scheme has a first result early."""
-    out = []
-    for label, spec in config.schemes.items():
-        for seed in range(config.seeds):
-            settings = {"experiment": config.name, "spec": spec, "seed": seed, "context_length": config.context_length,
-                        "model": config.model, "train": config.train, "eval_lengths": config.eval_lengths,
-                        "eval_tokens": config.eval_tokens, "train_chars": config.train_chars,
-                        "train_bytes": prepared["train_bytes"]}
+    arms = {label: (spec, config.model, config.train) for label, spec in config.schemes.items()}
+    return arm_cells(config, arms, prepared, work)
 
-            def make(output_dir: str, spec: str = spec, seed: int = seed) -> Any:
+
+def arm_cells(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
+              prepared: dict[str, Any], work: Path, experiment: str | None = None) -> list[Cell]:
+    """Cells of ``arms`` (label -> scheme spec, model, optimisation) × ``config.seeds``, on ``config``'s data and
+    evaluation; ``experiment`` names the experiment in each cell's fingerprint (default ``config.name``)."""
+    out = []
+    for label, (spec, model, train) in arms.items():
+        for seed in config.seed_list:
+            settings = {"experiment": experiment or config.name, "spec": spec, "seed": seed,
+                        "context_length": config.context_length, "model": model, "train": train,
+                        "eval_lengths": config.eval_lengths, "eval_tokens": config.eval_tokens,
+                        "train_chars": config.train_chars, "train_bytes": prepared["train_bytes"]}
+
+            def make(output_dir: str, spec: str = spec, seed: int = seed, model: ModelSettings = model,
+                     train: TrainSettings = train) -> Any:
                 return build_recipe(scheme=spec, seed=seed, context_length=config.context_length,
-                                    model=config.model, train=config.train, tokenizer_dir=prepared["tokenizer_dir"],
+                                    model=model, train=train, tokenizer_dir=prepared["tokenizer_dir"],
                                     vocab_size=VOCAB_SIZE, eos_id=prepared["eos_id"],
                                     train_files=prepared["train_files"], output_dir=output_dir,
                                     eval_file=prepared["eval_file"], eval_lengths=config.eval_lengths,
@@ -89,62 +108,68 @@ def run(config: LengthGeneralisationConfig, out: str | Path, work: str | Path, c
         corpus: Corpus | None = None, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the experiment; writes ``results.json``, ``results.md`` and ``heldout_loss.png`` to
     ``out`` and returns the JSON payload. ``corpus`` defaults to the Austen novels."""
-    out, work = Path(out), Path(work)
-    out.mkdir(parents=True, exist_ok=True)
-    work.mkdir(parents=True, exist_ok=True)
+    arms = {label: (spec, config.model, config.train) for label, spec in config.schemes.items()}
+    return run_from_scratch(config, arms, out, work, command, corpus=corpus, progress=progress,
+                            title=f"Length generalisation from scratch ({config.size})",
+                            experiment=config.name, experiment_config=config.to_dict(), verdict=verdict)
+
+
+Verdict = Callable[[Summary, dict[str, float], int], list[str]]
+
+
+def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
+                     out: str | Path, work: str | Path, command: str, *, title: str, experiment: str,
+                     experiment_config: dict[str, Any], verdict: Verdict, notes: Sequence[str] = (),
+                     corpus: Corpus | None = None, progress: bool = True) -> dict[str, Any]:
+    """Train every arm × seed from scratch on ``config``'s data, evaluate at ``config``'s lengths and write the
+    report (``results.json``, ``results.md`` with ``notes`` under the table, ``heldout_loss.png``)."""
     start = time.perf_counter()
-    corpus = austen_corpus() if corpus is None else corpus
-    prepared = prepare(config, corpus, work)
-    grid = cells(config, prepared, work)
-    results = run_cells(grid, desc=f"{config.name} ({config.size})", progress=progress)
+    out, work, corpus, prepared = begin(config, out, work, corpus)
+    grid = arm_cells(config, arms, prepared, work, experiment=experiment)
+    results = run_cells(grid, desc=f"{experiment} ({config.size})", progress=progress)
     summary = Summary.from_results(results, config.eval_lengths)
+    first = {r["label"]: r["model_dir"] for r in results if r["seed"] == config.first_seed}
+    why = diagnose(first, prepared["eval_ids"][: config.diagnostic_tokens], config.context_length,
+                   out / "diagnostics", progress=progress)
     floors = prepared["floors"]
     names = [f"{m}L = {m * config.context_length}" if m > 1 else f"L = {config.context_length}"
              for m in config.eval_multiples]
     elapsed = time.perf_counter() - start
     trained = sum(r["seconds"] for r in results)
     payload = {
-        "experiment": config.name,
-        "command": command,
-        "config": config.to_dict(),
-        "config_fingerprint": fingerprint(config.to_dict()),
-        "corpus": corpus.name,
-        "tokenizer": "byte-level (256 bytes + <|endoftext|>), see hf_posenc.experiments.tokenizer",
-        "units": "held-out cross-entropy in nats per byte (perplexity = exp)",
-        "floors": floors,
+        **payload_head(experiment, command, experiment_config, corpus.name,
+                       "held-out cross-entropy in nats per byte (perplexity = exp)", floors),
         "summary": summary.to_dict(),
         "verdict": verdict(summary, floors, config.context_length),
+        "why": why,
         "runs": [{k: v for k, v in r.items() if k != "model_dir"} for r in results],
         "wall_seconds": elapsed,
         "seconds_in_runs": trained,
-        "machine": {"python": sys.version.split()[0], "torch": torch.__version__, "threads": torch.get_num_threads(),
-                    "platform": platform.platform()},
+        "machine": machine(),
     }
     write_json(payload, out / "results.json")
     table = markdown_table(summary, names, {"unigram": floors["unigram"], "bigram": floors["bigram"]})
     md = [
-        f"# Length generalisation from scratch ({config.size})",
+        f"# {title}",
         "",
         f"Rerun: `{command}`",
         "",
         f"Byte-level Llama-style model (d = {config.model.hidden_size}, {config.model.num_layers} layers, "
         f"{config.model.num_heads} heads of {config.model.head_dim}) trained from scratch at L = "
         f"{config.context_length} bytes for {config.train.steps} steps of {config.train.batch_size} windows "
-        f"(lr {config.train.learning_rate:g}, cosine, {config.train.warmup_steps} warm-up steps), "
-        f"{config.seeds} seeds per scheme. Training text: {corpus.name}. Evaluation: the first "
-        f"{config.eval_tokens} bytes of the held-out novel, disjoint windows; held-out loss in nats per byte, "
-        "mean ± sample sd over seeds (bold: best mean per column). Floors: plug-in unigram and bigram entropies "
-        "of the evaluation text.",
+        f"(lr {config.train.learning_rate:g}, cosine, {config.train.warmup_steps} warm-up steps, initial weight "
+        f"std {config.model.initializer_range:g}, unless a row says otherwise), {config.seeds} seeds per row "
+        f"({', '.join(map(str, config.seed_list))}). "
+        f"Training text: {corpus.name}. Evaluation: the first {config.eval_tokens} bytes of the held-out novel, "
+        "disjoint windows; held-out loss in nats per byte, mean ± sample sd over seeds (bold: best mean per "
+        "column). Floors: plug-in unigram and bigram entropies of the evaluation text.",
         "",
         table,
         "",
-        *[f"- {line}" for line in payload["verdict"]],
-        "",
-        f"Wall time {elapsed / 60:.1f} min ({trained / 60:.1f} min in training and evaluation runs, "
-        f"torch threads {torch.get_num_threads()}).",
-        "",
-        "![held-out loss](heldout_loss.png)",
-        "",
+        *notes,
+        *closing_lines(payload["verdict"], why, config.context_length,
+                       f"Wall time {elapsed / 60:.1f} min ({trained / 60:.1f} min in training and evaluation runs, "
+                       f"torch threads {torch.get_num_threads()})."),
     ]
     (out / "results.md").write_text("\n".join(md))
     plot_summary(summary, out / "heldout_loss.png",

@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
-import json
 import math
+import platform
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from ..results_io import pyplot, write_json
 from .runner import Summary
+
+__all__ = ["fmt", "markdown_table", "plot_summary", "write_json", "payload_head", "machine", "closing_lines"]
 
 
 def fmt(mean: float, sd: float, digits: int = 3) -> str:
@@ -42,11 +46,7 @@ def markdown_table(summary: Summary, length_names: Sequence[str], floors: dict[s
 def plot_summary(summary: Summary, path: str | Path, title: str, floors: dict[str, float] | None = None,
                  trained_length: int | None = None, ylabel: str = "held-out loss (nats / byte)") -> None:
     """Held-out loss against evaluation length, one line per scheme with ±sd error bars, floors dashed."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for label, row in summary.rows.items():
         xs = [n for n in summary.lengths if math.isfinite(row[n][0])]
@@ -70,5 +70,30 @@ def plot_summary(summary: Summary, path: str | Path, title: str, floors: dict[st
     plt.close(fig)
 
 
-def write_json(payload: dict[str, Any], path: str | Path) -> None:
-    Path(path).write_text(json.dumps(payload, indent=2, default=str) + "\n")
+TOKENIZER = "byte-level (256 bytes + <|endoftext|>), see hf_posenc.experiments.tokenizer"
+
+
+def payload_head(experiment: str, command: str, config: dict[str, Any], corpus: str, units: str,
+                 floors: dict[str, float]) -> dict[str, Any]:
+    """The fields every experiment's ``results.json`` starts with."""
+    from .runner import fingerprint
+
+    return {"experiment": experiment, "command": command, "config": config, "config_fingerprint": fingerprint(config),
+            "corpus": corpus, "tokenizer": TOKENIZER, "units": units, "floors": floors}
+
+
+def machine() -> dict[str, Any]:
+    """Python, torch, threads and platform of this run."""
+    import torch
+
+    return {"python": sys.version.split()[0], "torch": torch.__version__, "threads": torch.get_num_threads(),
+            "platform": platform.platform()}
+
+
+def closing_lines(verdict: Sequence[str], why: Any, window: int, wall: str) -> list[str]:
+    """The end of every ``results.md``: the verdict as a list, the diagnostics section, the wall time and the
+    plot."""
+    from .why import why_section
+
+    return [*[f"- {line}" for line in verdict], "", *why_section(why, window), wall, "",
+            "![held-out loss](heldout_loss.png)", ""]

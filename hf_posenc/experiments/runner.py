@@ -68,7 +68,7 @@ def build_recipe(*, scheme: str, seed: int, context_length: int, model: ModelSet
     data = {
         "description": f"{scheme} seed {seed} at {context_length} bytes",
         "model": model_section,
-        "scheme": scheme_fields(scheme),
+        "scheme": {**scheme_fields(scheme), **({"replace": True} if base_model is not None else {})},
         "context_length": context_length,
         "data": {"files": list(train_files), "packing": "concat"},
         "peft": {"enabled": False},

@@ -91,7 +91,10 @@ def tapa_mask(
     """``AttentionMaskInterface`` entry for kernels that take the 2-D key padding mask (TAPA, fused TAPE).
 
     Causality, sliding windows and packed documents are handled in the attention function; this returns the key
-    padding mask [B, written keys] (True = attend), or ``None`` when every key is written and real.
+    padding mask [B, written keys] (True = attend) of the caller's mask, or ``None`` when the caller passed none
+    and every key is written. As in Transformers, the attention reads jumps in the position ids as packed
+    documents only when there is no mask. (Stock attention also ignores jumps when a cache is passed, which a mask
+    function cannot see: without a mask, TAPA packs by position ids with or without a cache.)
 
     A static cache hands attention all of its preallocated slots (``kv_length``), of which only the first
     ``q_offset − kv_offset + q_length`` hold keys: the past ones and the current queries'. The mask then always
@@ -109,8 +112,9 @@ def tapa_mask(
             f"attention_mask covers {attention_mask.shape[-1]} tokens but the cache and the input hold "
             f"{kv_offset + written}; pass the mask of every past and current token."
         )
-    mask = attention_mask[:, kv_offset : kv_offset + written].bool()
-    return None if written >= kv_length and bool(mask.all()) else mask
+    # kept even when every key is real: a caller's mask says "one sequence", so position jumps are not read as
+    # packed documents (Transformers' rule: packing is inferred only without a mask)
+    return attention_mask[:, kv_offset : kv_offset + written].bool()
 
 
 def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None
@@ -166,7 +170,8 @@ def tapa_attention_forward(
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
     q_pos, k_pos = _positions(position_ids, key_padding, batch, q_len, kv_len, query.device)
-    segments = find_packed_sequence_indices(q_pos) if q_len == kv_len and position_ids is not None else None
+    packed = attention_mask is None and q_len == kv_len and position_ids is not None  # Transformers' rule
+    segments = find_packed_sequence_indices(q_pos) if packed else None
     fn = tapa_function(options["backend"])
     extra = {} if sliding_window is None else {"sliding_window": sliding_window}
     out = fn(

@@ -294,8 +294,9 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
                          "this model.")
     if dropout and module.training:
         raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
+    packed = attention_mask is None  # Transformers' rule: jumps in position ids mean packed documents only then
     key, value, key_padding = written_keys(key, value, attention_mask)  # static caches: written slots only
-    if position_ids is not None and query.shape[2] == key.shape[2] and position_ids.shape[-1] > 1:
+    if packed and position_ids is not None and query.shape[2] == key.shape[2] and position_ids.shape[-1] > 1:
         pos = position_ids.expand(query.shape[0], -1)
         steps = pos[:, 1:] - pos[:, :-1]
         real = torch.ones_like(pos, dtype=torch.bool) if key_padding is None else key_padding

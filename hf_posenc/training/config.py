@@ -70,10 +70,15 @@ class ModelSection:
 
 @dataclass
 class SchemeSection:
-    """The positional-encoding scheme: ``name`` plus that scheme's options (see ``hf_posenc.schemes``)."""
+    """The positional-encoding scheme: ``name`` plus that scheme's options (see ``hf_posenc.schemes``).
+
+    ``replace: true`` continues a checkpoint that already carries another scheme with this one (applied to the
+    checkpoint's original frequencies, as ``patch_model(..., replace=True)``); without it such a recipe is refused.
+    """
 
     name: str = "rope"
     options: dict[str, Any] = field(default_factory=dict)
+    replace: bool = False
 
 
 @dataclass
@@ -229,7 +234,8 @@ class Recipe:
 
     def to_dict(self) -> dict[str, Any]:
         out = dataclasses.asdict(self)
-        out["scheme"] = {"name": self.scheme.name, **self.scheme.options}
+        out["scheme"] = {"name": self.scheme.name, **self.scheme.options,
+                         **({"replace": True} if self.scheme.replace else {})}
         return out
 
     def scheme_config(self):
@@ -322,9 +328,10 @@ def parse_section(cls: type, data: Any, prefix: str = "") -> Any:
     if cls is SchemeSection:  # flat layout: {name: cope, clip_low_n: 20}
         data = dict(data)
         name = data.pop("name", "rope")
+        replace = data.pop("replace", False)
         options = dict(data.pop("options", None) or {})
         options.update(data)
-        data = {"name": name, "options": options}
+        data = {"name": name, "options": options, "replace": replace}
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))

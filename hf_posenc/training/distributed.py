@@ -21,15 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
-
-def _decoder_layers(model: nn.Module) -> nn.ModuleList:
-    """The decoder layers of a causal LM, looking through a PEFT wrapper."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    layers = getattr(getattr(base, "model", None), "layers", None)
-    if not isinstance(layers, nn.ModuleList) or not len(layers):
-        raise ValueError(f"shard_fsdp2: {type(base).__name__} has no decoder layers at .model.layers to shard; "
-                         "apply torch.distributed.fsdp.fully_shard to its blocks yourself.")
-    return layers
+from ..layers import decoder_layers
 
 
 def shard_fsdp2(model: nn.Module, mesh: Any = None, reshard_after_forward: bool = True) -> nn.Module:
@@ -43,7 +35,12 @@ def shard_fsdp2(model: nn.Module, mesh: Any = None, reshard_after_forward: bool 
     if not torch.distributed.is_available() or not torch.distributed.is_initialized():
         raise RuntimeError("shard_fsdp2 needs an initialised process group: launch with torchrun (or accelerate "
                            "launch) and call torch.distributed.init_process_group first.")
-    for layer in _decoder_layers(model):
+    try:
+        layers = decoder_layers(model)
+    except TypeError as exc:
+        raise ValueError(f"shard_fsdp2: {exc} Apply torch.distributed.fsdp.fully_shard to its blocks "
+                         "yourself.") from exc
+    for layer in layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
     return model

@@ -125,50 +125,20 @@ def context_length_notes(recipe: Recipe, config: Any) -> list[str]:
 
 
 # -- PEFT -------------------------------------------------------------------------------------------------------
-def norm_module_names(model: torch.nn.Module) -> list[str]:
-    """Leaf names of every normalisation module (``input_layernorm``, ``norm``, ``q_norm``, ...)."""
-    names = set()
-    for name, module in model.named_modules():
-        if name and "norm" in type(module).__name__.lower() and not list(module.children()):
-            names.add(name.rsplit(".", 1)[-1])
-    return sorted(names)
+def wrap_peft(recipe: Recipe, model: torch.nn.Module):
+    """Wrap the patched ``model`` with LoRA per ``recipe.peft`` (:func:`hf_posenc.adapters.lora_config`)."""
+    from peft import get_peft_model
 
-
-def peft_modules_to_save(recipe: Recipe, model: torch.nn.Module, scheme: Any) -> list[str]:
-    """``modules_to_save``: the recipe's own, embeddings/norms (LongLoRA's LoRA+), and the scheme's modules."""
-    p = recipe.peft
-    names = list(p.modules_to_save)
-    if p.trainable_embeddings:
-        names.append("embed_tokens")
-        if not getattr(model.config, "tie_word_embeddings", False):
-            names.append("lm_head")
-    if p.trainable_norms:
-        names.extend(norm_module_names(model))
-    if p.scheme_modules:
-        names.extend(getattr(scheme, "trainable_modules", ()))
-    return list(dict.fromkeys(names))
-
-
-def wrap_peft(recipe: Recipe, model: torch.nn.Module, scheme: Any):
-    """Wrap ``model`` with LoRA per ``recipe.peft``; returns the PeftModel."""
-    from peft import LoraConfig, get_peft_model
+    from ..adapters import lora_config
 
     p = recipe.peft
-    present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
-    missing = [t for t in p.target_modules if t not in present]
-    if missing:
-        raise RecipeError(f"peft.target_modules {missing} are not modules of this model; linear layers here include "
-                          f"{sorted(n for n in present if n.endswith('_proj'))}.")
-    save = peft_modules_to_save(recipe, model, scheme)
-    absent = [s for s in save if s not in present]
-    if absent:
-        raise RecipeError(f"peft.modules_to_save {absent} are not modules of this model.")
-    tied = bool(getattr(model.config, "tie_word_embeddings", False))
-    config = LoraConfig(
-        r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout, target_modules=list(p.target_modules),
-        modules_to_save=save or None, task_type="CAUSAL_LM",
-        ensure_weight_tying=tied and "embed_tokens" in save,
-    )
+    try:
+        config = lora_config(model, r=p.r, lora_alpha=p.alpha, lora_dropout=p.dropout,
+                             target_modules=p.target_modules, train_embeddings=p.trainable_embeddings,
+                             train_norms=p.trainable_norms, modules_to_save=p.modules_to_save,
+                             scheme_modules=p.scheme_modules)
+    except ValueError as exc:
+        raise RecipeError(f"peft: {exc}") from exc
     return get_peft_model(model, config)
 
 
@@ -414,11 +384,11 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     set_seed(recipe.training.seed)  # LoRA's random init happens before the Trainer seeds anything
     model = load_base_model(recipe)
     family = model.config.model_type
-    patch_model(model, scheme)
+    patch_model(model, scheme, replace=recipe.scheme.replace)
     apply_liger(recipe, model, family)
     causal_lm = model
     if recipe.peft.enabled:
-        model = wrap_peft(recipe, model, scheme)
+        model = wrap_peft(recipe, model)
     model.train()
 
     out.mkdir(parents=True, exist_ok=True)
@@ -479,7 +449,7 @@ def _reload_saved(recipe: Recipe, model_dir: Path) -> Any:
     if not recipe.peft.enabled:
         return load_model(model_dir)
     base = load_base_model(recipe)
-    patch_model(base, recipe.scheme_config())
+    patch_model(base, recipe.scheme_config(), replace=recipe.scheme.replace)
     return PeftModel.from_pretrained(base, model_dir)
 
 
