@@ -22,8 +22,8 @@ PACKAGE = "hf_posenc"
 ENTRY = "hf_posenc_remote"
 # The package modules the remote code needs (closed under their relative imports; checked when writing).
 BUNDLE = (
-    "record", "schemes", "schemes.base", "schemes.cope", "schemes.prope", "schemes.rope", "schemes.tapa",
-    "schemes.tape", "patches.base", "kernels.tapa.naive",
+    "record", "schemes", "schemes.base", "schemes.masks", "schemes.cope", "schemes.prope", "schemes.rope",
+    "schemes.tapa", "schemes.tape", "patches.base", "kernels.tapa.naive",
 )
 _RELATIVE = re.compile(r"^(?P<indent>\s*)from\s+(?P<dots>\.+)(?P<rest>[\w.]*)\s+import\s+(?P<names>.+)$")
 _ROOT = Path(__file__).parent

@@ -178,7 +178,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tapa-ignores-packed-sequences", "hf_posenc/schemes/tapa.py",
-        "segments = find_packed_sequence_indices(q_pos) if q_len == kv_len and position_ids is not None else None",
+        "segments = find_packed_sequence_indices(q_pos) if packed else None",
         "segments = None",
         ("tests/test_tapa.py::test_packed_sequences_equal_separate_passes",),
         "packed documents must not attend across their boundary",

@@ -37,7 +37,7 @@ from torch import nn
 
 from .base import FrequencySchemeConfig, SchemeConfig, check_type
 from .base import head_dim as config_head_dim
-from .tapa import tapa_mask, written_keys
+from .masks import padding_mask, written_keys
 
 ATTN_NAME = "hf_posenc_tape"
 
@@ -314,7 +314,7 @@ def register_tape_attention() -> None:
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionInterface.register(ATTN_NAME, tape_fused_attention_forward)
-    AttentionMaskInterface.register(ATTN_NAME, tapa_mask)
+    AttentionMaskInterface.register(ATTN_NAME, padding_mask)
 
 
 class TapeAttentionMixin:
