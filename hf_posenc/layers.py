@@ -15,3 +15,20 @@ def decoder_layers(model: nn.Module) -> nn.ModuleList:
         raise TypeError(f"{type(base).__name__} has no decoder layers (`.model.layers`); pass a Transformers "
                         "causal LM.")
     return layers
+
+
+def output_logit_transform(config) -> tuple[float, float | None]:
+    """``(scale, softcap)`` of what a causal LM does to ``lm_head``'s output in Transformers: logits =
+    softcap·tanh(scale·z / softcap) (no tanh when ``softcap`` is ``None``), where ``scale`` is Cohere's
+    ``logit_scale`` divided by Granite's ``logits_scaling`` and ``softcap`` is Gemma2/3's
+    ``final_logit_softcapping``. Every path that computes logits itself (chunked losses, chunked perplexity) reads
+    them here."""
+    scale = 1.0
+    logit_scale = getattr(config, "logit_scale", None)
+    if logit_scale is not None:
+        scale *= float(logit_scale)
+    logits_scaling = getattr(config, "logits_scaling", None)
+    if logits_scaling is not None:
+        scale /= float(logits_scaling)
+    softcap = getattr(config, "final_logit_softcapping", None)
+    return scale, None if softcap is None else float(softcap)

@@ -341,6 +341,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_distributed.py::test_deepspeed_zero3_matches_one_process[cope]",),
         "under ZeRO-3 the head's weight exists only inside its forward: the model computes the loss",
     ),
+    Mutation(
+        "chunked-training-loss-drops-the-logit-scale", "hf_posenc/training/trainer.py",
+        "scale, softcap = output_logit_transform(self.causal_lm.config)",
+        "scale, softcap = 1.0, output_logit_transform(self.causal_lm.config)[1]",
+        ("tests/test_training.py::test_chunked_loss_reproduces_the_family_head[cohere-config0]",),
+        "Cohere's logit_scale and Granite's logits_scaling belong to the head: the chunked loss must apply them",
+    ),
     # -- experiments and their measurements -------------------------------------------------------------------------
     Mutation(
         "tapa-packs-position-jumps-despite-a-mask", "hf_posenc/schemes/tapa.py",

@@ -181,8 +181,8 @@ def test_restart_packing_matches_separate_documents(workspace):
 
 # -- chunked loss -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-4), (torch.float64, 1e-10), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("softcap", [None, 5.0])
-def test_chunked_loss_matches_full(dtype, tol, softcap):
+@pytest.mark.parametrize("softcap,logit_scale", [(None, 1.0), (5.0, 1.0), (None, 0.0625), (5.0, 4.0)])
+def test_chunked_loss_matches_full(dtype, tol, softcap, logit_scale):
     g = torch.Generator().manual_seed(int(time.time_ns() % 2**31))
     n, h, v = 45, 24, 70
     hidden = torch.randn(n, h, generator=g).to(dtype).requires_grad_()
@@ -190,8 +190,8 @@ def test_chunked_loss_matches_full(dtype, tol, softcap):
     bias = torch.randn(v, generator=g).to(dtype).requires_grad_()
     labels = torch.randint(0, v, (n,), generator=g)
     labels[torch.rand(n, generator=g) < 0.2] = IGNORE_INDEX
-    ref = full_linear_cross_entropy(hidden, weight, labels, bias, softcap)
-    got = chunked_linear_cross_entropy(hidden, weight, labels, bias, softcap, chunk_size=16)
+    ref = full_linear_cross_entropy(hidden, weight, labels, bias, softcap, scale=logit_scale)
+    got = chunked_linear_cross_entropy(hidden, weight, labels, bias, softcap, chunk_size=16, scale=logit_scale)
     scale = torch.rand((), generator=g).item() + 0.5
     g_ref = torch.autograd.grad(ref * scale, (hidden, weight, bias))
     g_got = torch.autograd.grad(got * scale, (hidden, weight, bias))
@@ -199,6 +199,46 @@ def test_chunked_loss_matches_full(dtype, tol, softcap):
     for a, b in zip(g_got, g_ref):
         assert a.dtype == b.dtype
         torch.testing.assert_close(a.double(), b.double(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("family,config", [
+    ("cohere", {"logit_scale": 0.0625}), ("granite", {"logits_scaling": 8.0}),
+    ("gemma2", {"final_logit_softcapping": 5.0}), ("llama", {}),
+])
+def test_chunked_loss_reproduces_the_family_head(family, config, tmp_path):
+    """The trainer's chunked loss (and the chunked perplexity) must equal the model's own loss: Cohere scales the
+    logits, Granite divides them, Gemma2 soft-caps them (scaled heads were once trained without their scale)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hf_posenc.evaluation.perplexity import window_nll
+    from hf_posenc.layers import output_logit_transform
+
+    cfg = AutoConfig.for_model(family, vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                               num_attention_heads=4, num_key_value_heads=2, head_dim=8, **config)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg).double().eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)  # logits of order 10, where scale and soft-capping matter
+    ids = torch.randint(0, 96, (1, 17))
+    with torch.no_grad():
+        own = model(ids, labels=ids).loss.double()  # Transformers computes its loss in float32
+        hidden = model.get_decoder()(input_ids=ids).last_hidden_state
+    h, y = shift_for_causal_lm(hidden, ids)
+    scale, softcap = output_logit_transform(cfg)
+    chunked = chunked_linear_cross_entropy(h, model.lm_head.weight, y, model.lm_head.bias, softcap, 5, scale)
+    torch.testing.assert_close(chunked / y.numel(), own, rtol=1e-6, atol=1e-6)
+    nll, count = window_nll(model, ids, 16, chunk_size=5)
+    torch.testing.assert_close(torch.tensor(nll / count, dtype=torch.float64), own, rtol=1e-6, atol=1e-6)
+
+    from transformers import TrainingArguments
+
+    from hf_posenc.training.trainer import PosEncTrainer
+
+    args = TrainingArguments(output_dir=str(tmp_path), use_cpu=True, report_to=[], disable_tqdm=True)
+    trainer = PosEncTrainer(model=model, args=args, causal_lm=model, chunk_size=5)
+    with torch.no_grad():
+        loss = trainer.compute_loss(model, {"input_ids": ids, "labels": ids})
+    torch.testing.assert_close(loss.double(), own, rtol=1e-6, atol=1e-6)  # what training minimises
 
 
 def test_shift_pairs_hidden_with_next_label():

@@ -69,16 +69,12 @@ def _masked_labels(window: torch.Tensor, num_new: int) -> torch.Tensor:
 
 
 def _postprocess_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
-    """What causal-LM heads do after ``lm_head`` in Transformers: Gemma2/3 soft-capping (``final_logit_softcapping``),
-    Cohere ``logit_scale``, Granite ``logits_scaling``."""
-    config = model.config
-    scale = getattr(config, "logit_scale", None)
-    if scale is not None:
+    """What causal-LM heads do after ``lm_head`` (:func:`hf_posenc.layers.output_logit_transform`)."""
+    from ..layers import output_logit_transform
+
+    scale, cap = output_logit_transform(model.config)
+    if scale != 1.0:
         logits = logits * scale
-    scaling = getattr(config, "logits_scaling", None)
-    if scaling is not None:
-        logits = logits / scaling
-    cap = getattr(config, "final_logit_softcapping", None)
     if cap is not None:
         logits = torch.tanh(logits / cap) * cap
     return logits

@@ -7,7 +7,9 @@ logits, the loss and — in the same pass, as Liger-Kernel's fused linear cross-
 respect to h and W (softmax − one-hot, eq. of the standard softmax cross-entropy derivative), then drops the chunk.
 Peak extra memory is one chunk of logits; backward only rescales the stored gradients.
 
-Gemma2/3's final logit soft-capping c·tanh(z/c) is applied per chunk, with its derivative 1 − tanh².
+The family's logit transform is applied per chunk: a scale s (Cohere's ``logit_scale``, Granite's
+``logits_scaling``), then Gemma2/3's final soft-capping c·tanh(s·z/c), with its derivative s·(1 − tanh²)
+(:func:`hf_posenc.layers.output_logit_transform` reads both from the config).
 :func:`full_linear_cross_entropy` is the readable reference (one matmul, ``F.cross_entropy``); tests compare both.
 """
 
@@ -20,10 +22,11 @@ IGNORE_INDEX = -100
 
 
 def full_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                              bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
+                              bias: torch.Tensor | None = None, softcap: float | None = None,
+                              scale: float = 1.0) -> torch.Tensor:
     """Reference: summed cross-entropy of ``hidden`` [N, H] through ``weight`` [V, H] against ``labels`` [N]
-    (``-100`` ignored), computed from the full fp32 logits."""
-    logits = F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32))
+    (``-100`` ignored), computed from the full fp32 logits (times ``scale``, then soft-capped)."""
+    logits = F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32)) * scale
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
@@ -31,7 +34,7 @@ def full_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels
 
 class _ChunkedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, chunk_size, softcap):  # type: ignore[override]
+    def forward(ctx, hidden, weight, bias, labels, chunk_size, softcap, scale):  # type: ignore[override]
         need_h, need_w = hidden.requires_grad, weight.requires_grad
         need_b = bias is not None and bias.requires_grad
         acc = torch.promote_types(hidden.dtype, torch.float32)  # fp32 accumulation (fp64 stays fp64)
@@ -43,6 +46,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             h = hidden[start : start + chunk_size]
             y = labels[start : start + chunk_size]
             logits = F.linear(h, weight, bias).to(acc)
+            if scale != 1.0:
+                logits = logits * scale
             if softcap is not None:
                 capped = torch.tanh(logits / softcap)
                 logits = softcap * capped
@@ -58,6 +63,8 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             g.mul_(valid[:, None])
             if softcap is not None:
                 g.mul_(1 - capped * capped)
+            if scale != 1.0:
+                g.mul_(scale)
             if need_b:
                 grad_b += g.sum(0)
             g = g.to(h.dtype)
@@ -79,13 +86,13 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             grad_h * grad_out.to(grad_h.dtype) if need_h else None,
             (grad_w * grad_out).to(w_dtype) if need_w else None,
             (grad_b * grad_out).to(b_dtype) if need_b else None,
-            None, None, None,
+            None, None, None, None,
         )
 
 
 def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
                                  bias: torch.Tensor | None = None, softcap: float | None = None,
-                                 chunk_size: int = 1024) -> torch.Tensor:
+                                 chunk_size: int = 1024, scale: float = 1.0) -> torch.Tensor:
     """Summed cross-entropy like :func:`full_linear_cross_entropy`, holding at most ``chunk_size`` rows of logits.
 
     Args:
@@ -94,12 +101,13 @@ def chunked_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, lab
         labels: [N] target ids, ``-100`` ignored.
         softcap: final logit soft-capping value (Gemma2/3) or ``None``.
         chunk_size: rows per chunk.
+        scale: logit scale applied before the soft-capping (Cohere, Granite; 1 elsewhere).
     """
     if hidden.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError(f"hidden must be [N, H] and labels [N]; got {tuple(hidden.shape)} and {tuple(labels.shape)}.")
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}.")
-    return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, int(chunk_size), softcap)
+    return _ChunkedLinearCrossEntropy.apply(hidden, weight, bias, labels, int(chunk_size), softcap, float(scale))
 
 
 def shift_for_causal_lm(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -108,8 +116,10 @@ def shift_for_causal_lm(hidden: torch.Tensor, labels: torch.Tensor) -> tuple[tor
 
 
 def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
-                               bias: torch.Tensor | None = None, softcap: float | None = None) -> torch.Tensor:
-    """Summed cross-entropy with Liger-Kernel's fused linear cross-entropy (CUDA; needs ``liger_kernel``)."""
+                               bias: torch.Tensor | None = None, softcap: float | None = None,
+                               scale: float = 1.0) -> torch.Tensor:
+    """Summed cross-entropy with Liger-Kernel's fused linear cross-entropy (CUDA; needs ``liger_kernel``); a
+    ``scale`` other than 1 scales the head (Liger has no logit scale of its own)."""
     try:
         from liger_kernel.transformers import LigerFusedLinearCrossEntropyLoss
     except ImportError as exc:
@@ -118,4 +128,6 @@ def liger_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, label
             "loss.implementation=chunked needs nothing and also avoids the full logits."
         ) from exc
     loss_fn = LigerFusedLinearCrossEntropyLoss(ignore_index=IGNORE_INDEX, reduction="sum", softcap=softcap)
+    if scale != 1.0:
+        weight, bias = weight * scale, None if bias is None else bias * scale
     return loss_fn(weight, hidden, labels, bias)

@@ -28,6 +28,7 @@ from .config import SMOLLM2, Recipe, RecipeError, uses_custom_attention
 from .data import build_dataset, collate
 from .distributed import check_adapter_complete, context_parallel_refusal, gathered_state_dict, is_sharded
 from .distributed import requested_context_parallel_size
+from ..layers import output_logit_transform
 from .loss import chunked_linear_cross_entropy, liger_linear_cross_entropy, shift_for_causal_lm
 
 LOG_FILE = "log.jsonl"
@@ -231,12 +232,13 @@ class PosEncTrainer(Trainer):
         if isinstance(head.weight, DTensor):  # FSDP2 keeps the root's parameters unsharded after its forward
             raise RuntimeError("the output head's weight is still sharded after the forward; use "
                                "loss.implementation=full with this FSDP layout.")
-        softcap = getattr(self.causal_lm.config, "final_logit_softcapping", None)
+        scale, softcap = output_logit_transform(self.causal_lm.config)  # Gemma2/3, Cohere, Granite heads
         hidden, targets = shift_for_causal_lm(captured["h"], labels)
         if self.loss_implementation == "liger":
-            total = liger_linear_cross_entropy(hidden, head.weight, targets, head.bias, softcap)
+            total = liger_linear_cross_entropy(hidden, head.weight, targets, head.bias, softcap, scale)
         else:
-            total = chunked_linear_cross_entropy(hidden, head.weight, targets, head.bias, softcap, self.chunk_size)
+            total = chunked_linear_cross_entropy(hidden, head.weight, targets, head.bias, softcap, self.chunk_size,
+                                                 scale)
         if num_items_in_batch is None:
             loss = total / (targets != -100).sum().clamp(min=1)
         else:
