@@ -237,6 +237,12 @@ def test_sweep_variants_change_only_their_setting():
     assert arms["TAPA init=0.1"][1].initializer_range == 0.1 and arms["TAPA init=0.1"][2] == base_train
     assert arms["TAPA init=0.1"][1].llama_config(257, 256, 64)["initializer_range"] == 0.1
     assert Variant("tapa").apply(base_model, base_train) == (base_model, base_train)
+    with pytest.raises(ValueError, match="alpah"):
+        Variant("tapa:alpah=0.5")  # a typo fails when the sweep is defined, not after hours of training
+    with pytest.raises(ValueError, match="learning_rate must be > 0"):
+        Variant("tapa", learning_rate=0.0)
+    with pytest.raises(ValueError, match="cop"):
+        LengthGeneralisationConfig(**{**LengthGeneralisationConfig.preset("toy").__dict__, "schemes": {"x": "cop"}})
     labels = [label for label in TAPA_VARIANTS]
     from hf_posenc.experiments.runner import slug
 

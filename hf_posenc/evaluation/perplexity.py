@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..layers import decoder_layers, output_logit_transform
 from .results import PerplexityResult
 
 IGNORE_INDEX = -100
@@ -70,8 +71,6 @@ def _masked_labels(window: torch.Tensor, num_new: int) -> torch.Tensor:
 
 def _postprocess_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
     """What causal-LM heads do after ``lm_head`` (:func:`hf_posenc.layers.output_logit_transform`)."""
-    from ..layers import output_logit_transform
-
     scale, cap = output_logit_transform(model.config)
     if scale != 1.0:
         logits = logits * scale
@@ -124,8 +123,6 @@ def layer_progress(model: Any, desc: str, enabled: bool = True) -> Iterator[None
     """A progress bar (with tqdm's time estimate) advanced as each decoder layer of ``model`` finishes its forward:
     progress inside one long forward. Models without decoder layers at ``.model.layers`` get no bar."""
     from tqdm.auto import tqdm
-
-    from ..layers import decoder_layers
 
     layers = None
     if enabled:

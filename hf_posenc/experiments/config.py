@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ..schemes.spec import parse_scheme_spec
+
 Size = Literal["toy", "small"]
 SIZES: tuple[str, ...] = ("toy", "small")
 
@@ -118,6 +120,8 @@ class ExperimentSettings:
             raise ValueError(f"seeds must be >= 1, got {self.seeds}")
         if self.first_seed < 0:
             raise ValueError(f"first_seed must be >= 0, got {self.first_seed}")
+        for spec in self.scheme_specs():
+            parse_scheme_spec(spec)  # an unknown scheme or option fails here, before any training
         longest = self.context_length * max(self.eval_multiples)
         if self.eval_tokens < longest:
             raise ValueError(f"eval_tokens={self.eval_tokens} must be at least the longest evaluation length "
@@ -131,7 +135,17 @@ class ExperimentSettings:
     def seed_list(self) -> list[int]:
         return list(range(self.first_seed, self.first_seed + self.seeds))
 
+    @property
+    def length_names(self) -> list[str]:
+        """Column names of the evaluation lengths: ``L = 64``, ``2L = 128``, …"""
+        return [f"{m}L = {m * self.context_length}" if m > 1 else f"L = {self.context_length}"
+                for m in self.eval_multiples]
+
     name = "experiment"
+
+    def scheme_specs(self) -> list[str]:
+        """The scheme specs this experiment trains (checked when the settings are built)."""
+        return list(getattr(self, "schemes", {}).values())
 
     def to_dict(self) -> dict[str, Any]:
         return {"experiment": self.name, **dataclasses.asdict(self)}
@@ -185,6 +199,15 @@ class Variant:
     learning_rate: float | None = None
     warmup_steps: int | None = None
     initializer_range: float | None = None
+
+    def __post_init__(self) -> None:
+        parse_scheme_spec(self.spec)  # an unknown scheme or option fails here, before any training
+        for name in ("learning_rate", "initializer_range"):
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise ValueError(f"Variant {self.spec!r}: {name} must be > 0, got {value}")
+        if self.warmup_steps is not None and self.warmup_steps < 0:
+            raise ValueError(f"Variant {self.spec!r}: warmup_steps must be >= 0, got {self.warmup_steps}")
 
     def apply(self, model: ModelSettings, train: TrainSettings) -> tuple[ModelSettings, TrainSettings]:
         """The model and optimisation settings of this arm."""

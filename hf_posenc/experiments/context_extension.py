@@ -128,7 +128,7 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
         "machine": machine(),
     }
     write_json(payload, out / "results.json")
-    names = [f"{m}L = {n}" if m > 1 else f"L = {n}" for m, n in zip(config.eval_multiples, lengths)]
+    names = config.length_names
     md = [
         f"# Context extension of a pretrained base ({config.size})",
         "",

@@ -132,8 +132,7 @@ def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[s
     why = diagnose(first, prepared["eval_ids"][: config.diagnostic_tokens], config.context_length,
                    out / "diagnostics", progress=progress)
     floors = prepared["floors"]
-    names = [f"{m}L = {m * config.context_length}" if m > 1 else f"L = {config.context_length}"
-             for m in config.eval_multiples]
+    names = config.length_names
     elapsed = time.perf_counter() - start
     trained = sum(r["seconds"] for r in results)
     payload = {

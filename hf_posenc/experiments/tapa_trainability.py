@@ -84,9 +84,8 @@ def run(config: TapaTrainabilityConfig, out: str | Path, work: str | Path, comma
         corpus: Corpus | None = None, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the sweep; writes ``results.json``, ``results.md`` and ``heldout_loss.png`` to ``out``."""
     arms = config.arms()
-    for required in ("RoPE",):
-        if required not in arms:
-            raise ValueError(f"the TAPA sweep needs a {required!r} arm as its reference")
+    if "RoPE" not in arms:
+        raise ValueError("the TAPA sweep needs a 'RoPE' arm as its reference")
     changed = [f"- {label}: `{spec}`" + "".join(
         f", {k} {getattr(v, k):g}" for k in ("learning_rate", "warmup_steps", "initializer_range")
         if getattr(v, k) is not None) for label, v in config.variants.items() for spec in [v.spec]]
