@@ -138,7 +138,9 @@ def _nvdisasm(cubin: str) -> str:
     return subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True).stdout
 
 
-KERNEL_NAMES = {"tapa_fwd": "TAPA forward", "tapa_bwd_dkdv": "TAPA backward dK/dV", "tapa_bwd_dq": "TAPA backward dQ",
+KERNEL_NAMES = {"tapa_fwd": "TAPA forward", "tapa_bwd": "TAPA backward, fused (dK/dV/dQ, atomic dQ; the default)",
+                "tapa_bwd_dkdv": "TAPA backward dK/dV (deterministic backward)",
+                "tapa_bwd_dq": "TAPA backward dQ (deterministic backward)",
                 "tapa_decode": "TAPA decode (split-K)", "tape_fwd": "TAPE forward",
                 "tape_bwd_dkdv": "TAPE backward dK/dV/dE",
                 "tape_bwd_dq": "TAPE backward dQ", "tape_decode": "TAPE decode (split-K)",
@@ -159,8 +161,9 @@ def build_report(arch: int, head_dims, jobs: int | None) -> dict:
             name = r.launches[0]
             if name not in KERNEL_NAMES:
                 continue
+            theta = r.constexprs["DA"] / r.head_dim if "DA" in r.constexprs else None
             entry = dict(kernel=name, same_binary_as=r.launches[1:], description=KERNEL_NAMES[name],
-                         head_dim=r.head_dim, dtype=r.dtype,
+                         head_dim=r.head_dim, dtype=r.dtype, theta=theta,
                          linear_phase=bool(r.constexprs.get("LINEAR", False)),
                          tiles=dict(block_m=r.constexprs["BLOCK_M"], block_n=r.constexprs["BLOCK_N"],
                                     num_warps=r.num_warps, num_stages=r.num_stages),
@@ -169,12 +172,12 @@ def build_report(arch: int, head_dims, jobs: int | None) -> dict:
             if r.cubin is not None:
                 entry.update(analyse(r, _nvdisasm(r.cubin)))
             kernels.append(entry)
-    kernels.sort(key=lambda e: (e["head_dim"], e["kernel"], e["linear_phase"]))
+    kernels.sort(key=lambda e: (e["head_dim"], e["kernel"], e["linear_phase"], -(e["theta"] or 0.5)))
 
     def per_el(name, d):
         for e in kernels:
             if (name == e["kernel"] or name in e["same_binary_as"]) and e["head_dim"] == d and not e["linear_phase"] \
-                    and "steady_state_loop" in e:
+                    and e["theta"] in (None, 0.5) and "steady_state_loop" in e:
                 return e["steady_state_loop"]["per_element_total"]
         return None
 
@@ -185,13 +188,15 @@ def build_report(arch: int, head_dims, jobs: int | None) -> dict:
     for d in head_dims:
         base, base_tape = per_el("flash_fwd", d), per_el("flash_fwd_tape_tiles", d)
         fwd, tape = per_el("tapa_fwd", d), per_el("tape_fwd", d)
-        dkdv, dq = per_el("tapa_bwd_dkdv", d), per_el("tapa_bwd_dq", d)
-        bwd = round(dkdv + dq, 2) if dkdv is not None and dq is not None else None
+        bwd, dkdv, dq = per_el("tapa_bwd", d), per_el("tapa_bwd_dkdv", d), per_el("tapa_bwd_dq", d)
+        bwd_det = round(dkdv + dq, 2) if dkdv is not None and dq is not None else None
         spill_free = all(e["spill_bytes"] == 0 for e in kernels if e["head_dim"] == d)
         summary[f"D={d}"] = dict(
             instructions_per_score_element=dict(baseline_forward=base, baseline_forward_tape_tiles=base_tape,
-                                                tapa_forward=fwd, tapa_backward_total=bwd, tapa_backward_dkdv=dkdv,
-                                                tapa_backward_dq=dq, tape_forward=tape),
+                                                tapa_forward=fwd, tapa_backward_fused=bwd,
+                                                tapa_backward_deterministic_total=bwd_det,
+                                                tapa_backward_deterministic_dkdv=dkdv,
+                                                tapa_backward_deterministic_dq=dq, tape_forward=tape),
             ratio_to_baseline=dict(tapa_forward=ratio(fwd, base), tape_forward=ratio(tape, base),
                                    tape_forward_same_tiles=ratio(tape, base_tape)),
             targets=dict(tapa_forward_le_30=fwd is not None and fwd <= 30,
@@ -205,7 +210,8 @@ def build_report(arch: int, head_dims, jobs: int | None) -> dict:
               "cuobjdump / nvdisasm), no GPU run. Per score element = instructions on the steady-state path of "
               "the inner loop x threads per program / (BLOCK_M x BLOCK_N); issued instructions, not timings."),
         arch=f"sm_{arch}", device_model="H100" if arch == 90 else "A100", triton=triton.__version__,
-        torch=torch.__version__, dtype="bfloat16", theta=0.5,
+        torch=torch.__version__, dtype="bfloat16",
+        theta="summary at 0.5; kernels lists theta 0.25 binaries too",
         method=dict(loop="innermost SASS loop with tensor-core instructions, shortest path through forward "
                          "branches (the masked loop is listed as masked_loop)",
                     classes=dict(special_function="MUFU", tensor_core="HMMA/HGMMA",

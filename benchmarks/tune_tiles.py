@@ -25,17 +25,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 CANDIDATES = {
     "fwd": [(128, 64, 8, 2), (128, 64, 8, 3), (64, 64, 4, 2), (64, 64, 4, 3), (128, 32, 8, 2), (64, 32, 4, 2),
             (64, 64, 8, 2), (128, 128, 8, 2)],
-    "decode": [(16, 64, 4, 2), (16, 64, 4, 1), (16, 128, 4, 2), (16, 32, 4, 2)],
+    "decode": [(16, 64, 4, 2), (16, 64, 4, 1), (16, 128, 4, 2), (16, 128, 8, 2), (16, 32, 4, 2)],
+    "bwd": [(16, 64, 4, 1), (16, 64, 8, 1), (32, 64, 4, 1), (32, 64, 8, 1), (16, 128, 8, 1), (32, 128, 8, 1),
+            (32, 32, 4, 1), (32, 32, 4, 2), (64, 64, 8, 1), (64, 32, 8, 1), (16, 32, 4, 1)],
     "dkdv": [(16, 64, 4, 1), (16, 64, 4, 2), (32, 64, 4, 1), (32, 64, 4, 2), (16, 128, 8, 1), (32, 128, 8, 1),
              (32, 32, 4, 2), (64, 64, 4, 1), (64, 32, 8, 1), (16, 32, 4, 1)],
     "dq": [(64, 32, 4, 1), (64, 32, 4, 2), (128, 32, 8, 1), (128, 32, 8, 2), (64, 64, 4, 1), (64, 64, 4, 2),
            (128, 64, 8, 1), (32, 16, 4, 1)],
 }
-LAUNCH = {"fwd": "{f}_fwd", "decode": "{f}_decode", "dkdv": "{f}_bwd_dkdv", "dq": "{f}_bwd_dq"}
+LAUNCH = {"fwd": "{f}_fwd", "decode": "{f}_decode", "bwd": "{f}_bwd", "dkdv": "{f}_bwd_dkdv", "dq": "{f}_bwd_dq"}
 
 
-def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int, int, int, int]) -> dict:
-    """Compile one candidate; returns its registers, spills, shared memory and steady-state count."""
+def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int, int, int, int],
+             theta: float = 0.5, linear: bool = False) -> dict:
+    """Compile one candidate (TAPA: at amplitude fraction θ, quadratic or linear phase); returns its registers,
+    spills, shared memory and steady-state count."""
     import importlib
 
     import torch
@@ -45,11 +49,14 @@ def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int
 
     mod = importlib.import_module(f"hf_posenc.kernels.{family}.triton_{family}")
     table = mod.tiles
-    mod.tiles = lambda target, *dims: {**table(target, *dims), kernel: Tile(*tile)}
+    mod.tiles = lambda target, *dims: {**table(target, *dims), kernel: Tile(*tile)}  # every width bucket
     name = LAUNCH[kernel].format(f=family)
-    spec = next(s for s in mod.lane_specs(Target.gpu(arch), torch.bfloat16, head_dim)
-                if s.name == name and not s.constexprs.get("LINEAR", False))
-    out = dict(family=family, kernel=kernel, arch=arch, head_dim=head_dim, tile=tile)
+    out = dict(family=family, kernel=kernel, arch=arch, head_dim=head_dim, tile=tile, theta=theta, linear=linear)
+    spec = next((s for s in mod.lane_specs(Target.gpu(arch), torch.bfloat16, head_dim)
+                 if s.name == name and s.constexprs.get("LINEAR", False) == linear
+                 and s.constexprs.get("DA", int(head_dim * theta)) == int(head_dim * theta)), None)
+    if spec is None:
+        return dict(out, error=f"{family} plans no {name} launch")
     try:
         compiled = compile_spec(spec, arch)
     except Exception as exc:  # a candidate the compiler refuses is a result, not a crash
@@ -76,8 +83,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--head-dim", type=int, nargs="+", default=[64, 128, 256])
     ap.add_argument("--kernel", nargs="+", default=list(CANDIDATES), choices=list(CANDIDATES))
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
+    ap.add_argument("--theta", type=float, default=0.5, help="TAPA amplitude fraction (a planned one: 0.5, 0.25)")
+    ap.add_argument("--linear", action="store_true", help="TAPA linear phase (eq. 16)")
     a = ap.parse_args(argv)
-    jobs = [(a.family, k, arch, d, t) for d in a.head_dim for arch in a.arch for k in a.kernel for t in CANDIDATES[k]]
+    jobs = [(a.family, k, arch, d, t, a.theta, a.linear) for d in a.head_dim for arch in a.arch for k in a.kernel
+            for t in CANDIDATES[k]]
     with ProcessPoolExecutor(a.jobs) as pool:
         results = list(pool.map(_evaluate, jobs))
     for r in results:

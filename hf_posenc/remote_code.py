@@ -23,7 +23,8 @@ ENTRY = "hf_posenc_remote"
 # The package modules the remote code needs (closed under their relative imports; checked when writing).
 BUNDLE = (
     "record", "schemes", "schemes.base", "schemes.masks", "schemes.cope", "schemes.prope", "schemes.rope",
-    "schemes.tapa", "schemes.tape", "patches.base", "kernels.tapa.naive",
+    "schemes.tapa", "schemes.tape", "patches.base", "kernels.tapa.naive", "kernels.tapa.chunked",
+    "kernels.cpu_parallel",
 )
 _RELATIVE = re.compile(r"^(?P<indent>\s*)from\s+(?P<dots>\.+)(?P<rest>[\w.]*)\s+import\s+(?P<names>.+)$")
 _ROOT = Path(__file__).parent

@@ -204,6 +204,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         (f"{TAPA_EQ}::test_triton_kernel_in_the_model_follows_eq_12_and_16",),
         "eq. 12 in the Triton kernel: the phase is divided by √((1−θ)D)",
     ),
+    Mutation(
+        "tapa-fused-backward-drops-the-phase-part-of-dq", "hf_posenc/kernels/tapa/triton_tapa.py",
+        "            phase = acc[..., da:] * c_phase",
+        "            phase = acc[..., da:] * 0.0",
+        ("tests/test_tapa_kernel.py::test_kernel_matches_reference[gqa2-causal-37-fused-bwd]",),
+        "the fused backward's dQ carries the chain rule through the phase product (−2π·c_A·Σ dS·g_P·k_P)",
+    ),
     # -- CoPE (§4.2 eq. 10) and HardClip ---------------------------------------------------------------------------
     Mutation(
         "cope-taper-linear-in-theta-not-in-the-index", "hf_posenc/schemes/cope.py",

@@ -19,6 +19,7 @@ CASES = [(arch, "cope", {"clip_low_n": 3}) for arch in ARCHS] + [
     ("qwen3", "rope", {"rope_theta": 5e5, "scaling": "yarn", "factor": 4.0}),
     ("llama", "cope", {"clip_low_n": 3, "rope_theta": 1e6, "scaling": "yarn", "factor": 4.0}),
     ("qwen3", "tapa", {"backend": "reference"}),
+    ("llama", "tapa", {"backend": "chunked", "alpha": 0.5}),  # remote code carries the chunked CPU path too
     ("gemma3_text", "tape", {"hidden": 8}),
     ("llama", "tape", {"frequencies": {"scheme": "cope", "clip_low_n": 3}}),
 ]

@@ -3,7 +3,7 @@ compiled for A100 (sm_80) and H100 (sm_90) in bf16 and fp16 at head dims 64 / 12
 a compile error, on register spills at head dim <= 128 and on shared memory above the architecture's limit.
 
 The lane runs in a subprocess without TRITON_INTERPRET (conftest sets it for the kernel tests) and uses the
-Triton cache (TRITON_CACHE_DIR): about 4 minutes on 2 cores from an empty cache, seconds when warm."""
+Triton cache (TRITON_CACHE_DIR): about 3 minutes on 2 cores from an empty cache, seconds when warm."""
 
 from __future__ import annotations
 
@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_posenc.kernels._triton import INTERPRETER, LaunchSpec, Target, compile_inputs
+from hf_posenc.kernels._triton import INTERPRETER, LaunchSpec, Target, compile_inputs, pow2
 from hf_posenc.kernels.compile_lane import DTYPES, HEAD_DIMS, run_lane_subprocess
 from hf_posenc.kernels.tapa import triton_tapa
 
 FIXTURES = str(Path(__file__).with_name("lane_fixture_kernels.py"))
 
-TAPA_KERNELS = {"tapa_fwd", "tapa_decode", "split_combine", "row_dot", "tapa_bwd_dkdv", "tapa_bwd_dq"}
+TAPA_KERNELS = {"tapa_fwd", "tapa_decode", "split_combine", "row_dot", "tapa_bwd", "tapa_bwd_dkdv", "tapa_bwd_dq"}
 TAPE_KERNELS = {"tape_fwd", "tape_decode", "split_combine", "row_dot", "tape_bwd_dkdv", "tape_bwd_dq"}
 
 
@@ -41,23 +41,30 @@ def test_lane_covers_every_entry_kernel_and_flag(lane):
                     cell = [r for r in lane if f"triton_{family}" in r.family and r.arch == arch
                             and r.dtype == dtype and r.head_dim == d]
                     names = {n for r in cell for n in r.launches}
-                    assert names == expected, (family, arch, dtype, d, names)
-                    if family == "tapa":  # both phase modes (the only constexpr flag) of every attention kernel
-                        for name in expected - {"split_combine", "row_dot"}:
-                            flags = {r.constexprs["LINEAR"] for r in cell if name in r.launches}
-                            assert flags == {True, False}, (name, arch, dtype, d, flags)
+                    fused = family == "tapa" and arch == 90 and d <= 128  # where the tile table lists it
+                    assert names == (expected if fused else expected - {"tapa_bwd"}), (family, arch, dtype, d, names)
+                    if family == "tapa":  # both phase modes × θ = 0.5 (and 0.25 at D <= 128), every kernel
+                        das = (d // 2, d // 4) if d <= 128 else (d // 2,)
+                        planned = {(lin, da) for lin in (True, False) for da in das}
+                        for name in names - {"split_combine", "row_dot"}:
+                            flags = {(r.constexprs["LINEAR"], r.constexprs["DA"]) for r in cell if name in r.launches}
+                            want = planned if name != "tapa_bwd" else {  # the fused backward where its table has it
+                                (lin, da) for lin, da in planned if "bwd" in triton_tapa.tiles(
+                                    Target.gpu(arch), max(pow2(da) + (0 if lin else pow2(d - da)), pow2(d)))}
+                            assert flags == want, (name, arch, dtype, d, flags)
                     for r in cell:
                         assert r.registers is not None and r.shared is not None and r.shared <= r.shared_limit
 
 
 def test_masks_are_runtime_arguments(lane):
     """Causal / window / padding / packing variants are planned by lane_specs but share their binaries:
-    one binary per (kernel, phase mode) in every cell."""
+    one binary per (kernel, phase mode, θ) in every cell."""
     for r in lane:
         if r.family.endswith("triton_tapa") and r.launches[0].startswith("tapa"):
             twins = [o for o in lane if o.family == r.family and o.arch == r.arch and o.dtype == r.dtype
                      and o.head_dim == r.head_dim and o.launches == r.launches
-                     and o.constexprs.get("LINEAR") == r.constexprs.get("LINEAR")]
+                     and o.constexprs.get("LINEAR") == r.constexprs.get("LINEAR")
+                     and o.constexprs.get("DA") == r.constexprs.get("DA")]
             assert len(twins) == 1, [t.constexprs for t in twins]
 
 

@@ -73,9 +73,10 @@ def _direct_eq12(q, k, v, *, alpha, theta, phase, causal, q_pos, k_pos, kpm=None
     return out
 
 
-def _check(case_kw, B, Hq, Hkv, Lq, Lk, D, *, seed, backward=True, dtype=torch.float32, atol=3e-4, gatol=3e-3):
+def _check(case_kw, B, Hq, Hkv, Lq, Lk, D, *, seed, backward=True, dtype=torch.float32, atol=3e-4, gatol=3e-3,
+           deterministic=False):
     q, k, v = _qkv(B, Hq, Hkv, Lq, Lk, D, dtype=dtype, seed=seed, grad=backward)
-    out = tapa_attention_triton(q, k, v, **case_kw)
+    out = tapa_attention_triton(q, k, v, deterministic=deterministic, **case_kw)
     ref = tapa_attention_reference(q, k, v, **case_kw)
     assert out.dtype == q.dtype and out.shape == q.shape
     assert torch.isfinite(out).all()
@@ -177,10 +178,11 @@ KERNEL_CASES = {
 }
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
 @pytest.mark.parametrize("name", list(KERNEL_CASES))
-def test_kernel_matches_reference(name):
+def test_kernel_matches_reference(name, deterministic):
     kw, shape = KERNEL_CASES[name]
-    _check(kw, *shape, seed=100 + list(KERNEL_CASES).index(name))
+    _check(kw, *shape, seed=100 + list(KERNEL_CASES).index(name), deterministic=deterministic)
 
 
 def test_decode_shapes_take_decode_path():
@@ -225,11 +227,46 @@ def test_kernel_head_dims_64_128(name):
     _check(kw, *shape, seed=300 + list(HEAD_DIM_CASES).index(name))
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
 @pytest.mark.parametrize("D, kw", [(32, dict()), (64, dict(phase="linear", sliding_window=11)), (128, dict())])
-def test_kernel_fp16_backward(D, kw):
+def test_kernel_fp16_backward(D, kw, deterministic):
     """fp16 inputs: the kernel's fp16 dots (fp32 accumulation) against the reference (fp32 math on the same
     fp16 inputs), forward and the three gradients."""
-    _check(kw, 1, 4, 2, 29, 29, D, seed=400 + D, dtype=torch.float16, atol=4e-3, gatol=1e-2)
+    _check(kw, 1, 4, 2, 29, 29, D, seed=400 + D, dtype=torch.float16, atol=4e-3, gatol=1e-2,
+           deterministic=deterministic)
+
+
+def test_backward_path_follows_torch_determinism(monkeypatch):
+    """The fused backward (atomic dQ) is the default; torch.use_deterministic_algorithms(True) or
+    deterministic=True selects the two-kernel backward, whose dQ is bitwise reproducible."""
+    import hf_posenc.kernels.tapa.triton_tapa as tt
+
+    names = []
+    real = tt.launch_all
+    monkeypatch.setattr(tt, "launch_all", lambda specs: (names.append([s.name for s in specs]), real(specs)))
+    q, k, v = _qkv(1, 2, 1, 20, 20, 32, seed=5, grad=True)
+
+    def grads(**kw):
+        names.clear()
+        out = tapa_attention_triton(q, k, v, **kw)
+        g = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        return names[-1], g
+
+    assert grads()[0] == ["row_dot", "tapa_bwd"]
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        seen, g1 = grads()
+    finally:
+        torch.use_deterministic_algorithms(was)
+    assert seen == ["row_dot", "tapa_bwd_dkdv", "tapa_bwd_dq"]
+    seen, g2 = grads(deterministic=True)
+    assert seen == ["row_dot", "tapa_bwd_dkdv", "tapa_bwd_dq"]
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+    fused = grads(deterministic=False)[1]
+    for a, b in zip(fused, g2):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def _fast_math_model(q, k, v, q_pos, k_pos, alpha, block_m, block_n, margin, seed=0):
@@ -365,7 +402,8 @@ def _first_key_read(start, off, window, block_n):
     return (max(start + off - window + 1, 0) // block_n) * block_n
 
 
-def test_window_skips_keys_left_of_every_window():
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
+def test_window_skips_keys_left_of_every_window(deterministic):
     """Keys before a tile's window are never loaded: NaN there must not reach the rows (fwd and dQ)."""
     B, Hq, Hkv, L, D, W, bad = 1, 2, 1, 70, 32, 7, 16
     q, k, v = _qkv(B, Hq, Hkv, L, L, D, seed=66, grad=True)
@@ -376,21 +414,22 @@ def test_window_skips_keys_left_of_every_window():
     k_bad[:, :, :bad] = float("nan")
     v_bad[:, :, :bad] = float("nan")
     q_in = q.detach().clone().requires_grad_(True)
-    out = tapa_attention_triton(q_in, k_bad, v_bad, sliding_window=W)
+    out = tapa_attention_triton(q_in, k_bad, v_bad, sliding_window=W, deterministic=deterministic)
     t = tiles(INTERPRETER, D)["fwd"]
     bm, bn = t.block_m, t.block_n
     clean = [i for i in range(L) if _first_key_read((i // bm) * bm, 0, W, bn) >= bad]
     assert len(clean) >= 32  # the check has teeth: most rows lie in tiles that skip the poisoned block
     torch.testing.assert_close(out[:, :, clean], ref[:, :, clean].detach(), atol=3e-4, rtol=3e-4)
     dq = torch.autograd.grad(out, q_in, do)[0]
-    t = tiles(INTERPRETER, D)["dq"]
+    t = tiles(INTERPRETER, D)["dq" if deterministic else "bwd"]
     bm, bn = t.block_m, t.block_n
     clean = [i for i in range(L) if _first_key_read((i // bm) * bm, 0, W, bn) >= bad]
     assert len(clean) >= 32
     torch.testing.assert_close(dq[:, :, clean], dq_ref[:, :, clean], atol=3e-3, rtol=3e-3)
 
 
-def test_window_dkdv_skips_queries_past_the_window():
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
+def test_window_dkdv_skips_queries_past_the_window(deterministic):
     """The dK/dV kernel never reads query rows past a key block's window: NaN there stays out."""
     B, Hq, Hkv, L, D, W, bad = 1, 2, 1, 70, 32, 7, 48
     q, k, v = _qkv(B, Hq, Hkv, L, L, D, seed=68, grad=True)
@@ -401,9 +440,9 @@ def test_window_dkdv_skips_queries_past_the_window():
     q_bad[:, :, bad:] = float("nan")
     do_bad[:, :, bad:] = float("nan")
     k_in, v_in = k.detach().clone().requires_grad_(True), v.detach().clone().requires_grad_(True)
-    out = tapa_attention_triton(q_bad, k_in, v_in, sliding_window=W)
+    out = tapa_attention_triton(q_bad, k_in, v_in, sliding_window=W, deterministic=deterministic)
     dk, dv = torch.autograd.grad(out, (k_in, v_in), do_bad)
-    t = tiles(INTERPRETER, D)["dkdv"]
+    t = tiles(INTERPRETER, D)["dkdv" if deterministic else "bwd"]
     bm, bn = t.block_m, t.block_n
     # key block [s, s + bn) reads query rows < ceil((s + bn − 1 + W) / bm)·bm
     clean = [j for j in range(L) if -(-((j // bn) * bn + bn - 1 + W) // bm) * bm <= bad]

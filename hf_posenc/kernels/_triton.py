@@ -48,6 +48,10 @@ SM_COUNT = {80: 108, 90: 132}  # A100-SXM / H100-SXM, for split-K planning in th
 NO_WINDOW = 1 << 30  # window handed to the kernels when there is none (larger than any i_abs − j)
 
 
+# the compile lane fails a kernel that spills registers at head dims up to this (larger ones may spill)
+SPILL_FREE_MAX_HEAD_DIM = 128
+
+
 def interpreting() -> bool:
     """True when Triton kernels run under the CPU interpreter (TRITON_INTERPRET=1, read at kernel import)."""
     return os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -306,6 +310,22 @@ def store_rows(ptrs, x, row_ok, col_ok, COLS: tl.constexpr):
         tl.store(ptrs, x, mask=row_ok[:, None] & col_ok[None, :])
     else:
         tl.store(ptrs, x, mask=row_ok[:, None])
+
+
+@triton.jit
+def add_rows(ptrs, x, row_ok, col_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Atomically add a 2-D fp32 tile (relaxed order: the sum is exact up to fp32 rounding order), masking rows /
+    columns only where the constexpr says they can be out of range."""
+    if ROWS:
+        if COLS:
+            tl.atomic_add(ptrs, x, mask=row_ok[:, None] & col_ok[None, :], sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, x, mask=row_ok[:, None], sem="relaxed")
+    else:
+        if COLS:
+            tl.atomic_add(ptrs, x, mask=col_ok[None, :], sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, x, sem="relaxed")
 
 
 # ----------------------------------------------------------------------------------------------------

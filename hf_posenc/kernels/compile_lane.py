@@ -33,10 +33,11 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from ._triton import SPILL_FREE_MAX_HEAD_DIM
+
 FAMILIES = ("hf_posenc.kernels.tapa.triton_tapa", "hf_posenc.kernels.tape.triton_tape")
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128, 256)
-SPILL_FREE_MAX_HEAD_DIM = 128
 
 
 @dataclass

@@ -134,25 +134,30 @@ def tapa_attention_forward(
 @functools.cache  # runs once per backend, not in every layer's forward
 def tapa_function(backend: str):
     """The TAPA op for a backend: the dispatcher (``auto``), the Triton kernel, the chunked CPU path or the
-    reference. Checkpoint remote code carries only the reference; there ``auto`` falls back to it and
-    ``triton`` / ``chunked`` are a clear error."""
+    reference. Checkpoint remote code carries the reference and the chunked path (not the Triton kernels):
+    there ``auto`` runs the chunked path on CPU and the reference elsewhere, and ``triton`` is a clear error."""
     import importlib
 
+    from ..kernels.tapa.chunked import tapa_attention_chunked
     from ..kernels.tapa.naive import tapa_attention_reference
 
     if backend == "reference":
         return tapa_attention_reference
+    if backend == "chunked":
+        return tapa_attention_chunked
     try:
         kernels = importlib.import_module("hf_posenc.kernels.tapa")
     except ImportError as exc:
         if backend == "triton":
             raise ImportError("tapa: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`)."
                               ) from exc
-        if backend == "chunked":
-            raise ImportError("tapa: backend='chunked' needs hf-posenc installed (`pip install hf-posenc`).") from exc
-        return tapa_attention_reference
-    return {"auto": kernels.tapa_attention, "triton": kernels.tapa_attention_triton,
-            "chunked": kernels.tapa_attention_chunked}[backend]
+
+        def bundled(q, k, v, **kwargs):
+            fn = tapa_attention_chunked if q.device.type == "cpu" else tapa_attention_reference
+            return fn(q, k, v, **kwargs)
+
+        return bundled
+    return {"auto": kernels.tapa_attention, "triton": kernels.tapa_attention_triton}[backend]
 
 
 def register_tapa_attention() -> None:

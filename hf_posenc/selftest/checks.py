@@ -122,7 +122,8 @@ def chunked_available() -> bool:
 def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], kernels: tuple[str, ...]) -> list[CheckCase]:
     """The case list: for TAPA (and the chunked path) causal GQA at every head dim, non-causal with
     non-default α/θ, key padding, packed segments, sliding window, linear phase (eq. 16), chunked prefill
-    (Lq < Lk) with backward, and decode (Lq = 1, and Lq = 4 with padding and a window); for TAPE causal GQA
+    (Lq < Lk) with backward, and decode (Lq = 1, and Lq = 4 with padding and a window), and the Triton kernel's
+    deterministic two-kernel backward at every head dim; for TAPE causal GQA
     at every head dim, De ≠ D with a custom scale, non-causal, key padding, chunked prefill, decode."""
     for dt in dtypes:
         if dt not in DTYPES:
@@ -152,6 +153,9 @@ def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], kernels: tuple[str
                 CheckCase(kernel, "decode-padded-window", head_dim=d0, q_len=4, masking="padding",
                           options=(("sliding_window", s.window),), **decode),
             ]
+            if kernel == "tapa":  # the two-kernel backward (the fused one, with atomic dQ, is the default on Hopper)
+                cases += [CheckCase(kernel, f"deterministic-backward-d{d}", head_dim=d, backward=True,
+                                    options=(("deterministic", True),), **prefill) for d in s.head_dims]
         if "tape" in kernels:
             for d in s.head_dims:
                 cases.append(CheckCase("tape", "causal-gqa", head_dim=d, e_dim=d, backward=True, **prefill))
@@ -277,6 +281,9 @@ def run_case(case: CheckCase, device: torch.device) -> CheckResult:
     return result
 
 
+FAST_PATH_ONLY = frozenset({"deterministic"})  # options of the kernel's execution, not of the maths
+
+
 def _compare(case: CheckCase, device: torch.device) -> dict[str, float]:
     fast, reference = kernel_functions(case.kernel)
     dtype = DTYPES[case.dtype]
@@ -284,11 +291,12 @@ def _compare(case: CheckCase, device: torch.device) -> dict[str, float]:
     base, extra = _inputs(case, gen)
     extra = {k: v.to(device) for k, v in extra.items()}
     kwargs = {**dict(case.options), **extra}
+    ref_kwargs = {k: v for k, v in kwargs.items() if k not in FAST_PATH_ONLY}
     xs = [t.to(device=device, dtype=dtype).requires_grad_(case.backward) for t in base]
     refs = [t.detach().to(device=device, dtype=torch.float64).requires_grad_(case.backward) for t in xs]
 
     outs = _as_tuple(fast(*xs, **kwargs))
-    ref_outs = _as_tuple(reference(*refs, **kwargs))
+    ref_outs = _as_tuple(reference(*refs, **ref_kwargs))
     out_names = ("out",) if len(ref_outs) == 1 else ("o", "e_out")
     if len(outs) != len(ref_outs):
         raise AssertionError(f"the fast path returned {len(outs)} outputs, the reference {len(ref_outs)}")

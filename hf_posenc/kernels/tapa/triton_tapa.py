@@ -25,11 +25,13 @@ Decode (Lq ≤ 16) runs through the same forward kernel: the query rows of a who
 tile (row r is query r mod Lq of head r div Lq), so each K/V block is read once per kv head, and the key axis
 is split across programs (split-K); the shared split-combine kernel merges the normalised partials.
 
-Backward (FlashAttention-2 scheme, no atomics): Δ = rowsum(dO∘O); dK/dV per key block looping over the
-group's query heads and query blocks; dQ per query block looping over key blocks. Scores are recomputed with
-cos and sin from one range reduction, dS = P∘(dP − Δ), and the chain rule runs through both products:
-∂s/∂a = c_A cos φ, ∂s/∂p = −2π c_A c_P d^α a sin φ (the constants c_A and −2π·c_A are applied once to
-the accumulated gradients, not per element).
+Backward (FlashAttention-2 scheme): Δ = rowsum(dO∘O); dK/dV per key block looping over the group's query
+heads and query blocks. Scores are recomputed with cos and sin from one range reduction, dS = P∘(dP − Δ),
+and the chain rule runs through both products: ∂s/∂a = c_A cos φ, ∂s/∂p = −2π c_A c_P d^α a sin φ (the
+constants c_A and −2π·c_A are applied once to the accumulated gradients, not per element). dQ either comes
+from the same tiles, added atomically into an fp32 buffer (fused: the trigonometry runs once per score
+element; the default where the tile table lists it), or from a second kernel per query block looping over key
+blocks, which recomputes the scores (no atomics, bitwise reproducible: `deterministic=True`).
 
 All host-side choices (tiles, warps, stages, split-K, constexprs) are made by `plan_forward` /
 `plan_backward` for a `Target`; the launcher runs those plans and the compile lane compiles them.
@@ -47,9 +49,11 @@ import triton.language as tl
 from .._triton import (
     LOG2E,
     NO_WINDOW,
+    SPILL_FREE_MAX_HEAD_DIM,
     LaunchSpec,
     Target,
     Tile,
+    add_rows,
     block_range,
     cos_sin_turns,
     cos_turns,
@@ -100,16 +104,25 @@ def _dpow(q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST: tl.constexpr):
 @triton.jit
 def _row_block(start, base, off_a, off_p, off_v, stride_a, stride_v, POS, L,
                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
-               DV: tl.constexpr, BDV: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr):
+               DV: tl.constexpr, BDV: tl.constexpr, BLOCK: tl.constexpr, MASKED: tl.constexpr,
+               LINEAR: tl.constexpr):
     """Rows [start, start + BLOCK) of a q|k-like tensor (split into its θD amplitude and (1−θ)D phase
-    columns) and of the matching v|dO-like tensor, plus their positions. The 64-bit part of every address is
-    the scalar row offset; `off_*` are the tile's int32 offsets. Row masks only in MASKED blocks."""
+    columns) and of the matching v|dO-like tensor, plus their positions; `base` = (q|k rows, v|dO rows, phase
+    row sums). With the linear phase (eq. 16) only the phase columns' row sums enter, so the fp32 sums the host
+    computed are loaded instead of the columns. The 64-bit part of every address is the scalar row offset;
+    `off_*` are the tile's int32 offsets. Row masks only in MASKED blocks."""
     idx = start + tl.arange(0, BLOCK)
     ok = idx < L
     r64 = tl.cast(start, tl.int64)
     xb = base[0] + r64 * stride_a
     x_a = load_tile(xb + off_a, ok, tl.arange(0, BDA) < DA, MASKED, BDA != DA)
-    x_p = load_tile(xb + DA + off_p, ok, tl.arange(0, BDP) < DP, MASKED, BDP != DP)
+    if LINEAR:
+        if MASKED:
+            x_p = tl.load(base[2] + idx, mask=ok, other=0.0)
+        else:
+            x_p = tl.load(base[2] + idx)
+    else:
+        x_p = load_tile(xb + DA + off_p, ok, tl.arange(0, BDP) < DP, MASKED, BDP != DP)
     y = load_tile(base[1] + r64 * stride_v + off_v, ok, tl.arange(0, BDV) < DV, MASKED, BDV != DV)
     if MASKED:
         pos = tl.load(POS + idx, mask=ok, other=0.0)
@@ -119,27 +132,27 @@ def _row_block(start, base, off_a, off_p, off_v, stride_a, stride_v, POS, L,
 
 
 @triton.jit
-def _products(x_a, x_p, x_sum, y_a, y_p, LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
+def _products(x_a, x_p, y_a, y_p, LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     """(a, p) of rows x against rows y, [rows(x), rows(y)]: a = x_A·y_Aᵀ and p = x_P·y_Pᵀ (eq. 12) or
-    Σx_P + Σy_P (eq. 16)."""
+    Σx_P + Σy_P (eq. 16; x_p and y_p are then the row sums)."""
     amp = tl.dot(x_a, tl.trans(y_a), input_precision=IN_PREC)
     if LINEAR:
-        ph = x_sum[:, None] + tl.sum(y_p.to(tl.float32), 1)[None, :]
+        ph = x_p[:, None] + y_p[None, :]
     else:
         ph = tl.dot(x_p, tl.trans(y_p), input_precision=IN_PREC)
     return amp, ph
 
 
 @triton.jit
-def _key_block(qa, qp, q_sum, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
+def _key_block(qa, qp, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     """Key block [start_n, start_n + BLOCK_N) of a query tile: its K/V rows and positions, the products a and p
     ([M, N]) and the tile's reference distance (query tile middle to key block middle)."""
     offs_n, n_ok, ka, kp, v, k_pos = _row_block(start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn,
-                                                KPOS, Lk, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED)
-    amp, ph = _products(qa, qp, q_sum, ka, kp, LINEAR, IN_PREC)
+                                                KPOS, Lk, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED, LINEAR)
+    amp, ph = _products(qa, qp, ka, kp, LINEAR, IN_PREC)
     d_ref = tl.abs(q_ref - tl.load(KPOS + tl.minimum(start_n + BLOCK_N // 2, Lk - 1)))
     return offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref
 
@@ -165,14 +178,14 @@ def _bwd_scores(amp, ph, q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST: tl.constex
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a, k_off_p, v_off,
+def _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a, k_off_p, v_off,
                stride_kn, stride_vn, KPOS, KTAG, Lk, rb, lb, has_tags, alpha, log2_cp, c_a2,
                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
     """One key block [start_n, start_n + BLOCK_N) through the online softmax (scores in units of c_A)."""
     offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref = _key_block(
-        qa, qp, q_sum, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
+        qa, qp, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
         DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED, LINEAR, IN_PREC)
     s = amp * cos_turns(_dpow(q_pos[:, None], k_pos[None, :], d_ref, alpha, log2_cp, FAST) * ph, FAST)
     if MASKED:
@@ -188,8 +201,9 @@ def _fwd_block(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_ref, q_tag, qi, start_n, k
 
 
 @_jit
-def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG,
+def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                     stride_sqb, stride_sqh, stride_skb, stride_skh,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_os, stride_om,
                      stride_lb, stride_lh, stride_ls,
                      H_PROG, GP, GROUP, R, Lq, Lk, split_len, causal, window, has_tags, alpha, log2_cp, c_a2, lse_empty,
@@ -210,13 +224,16 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG,
     offs_dv = tl.arange(0, BDV)
     q_row = Q + b64 * stride_qb + head64 * stride_qh + qi64 * stride_qm
     qa = load_tile(q_row[:, None] + offs_da[None, :], row_ok, offs_da < DA, True, BDA != DA)
-    qp = load_tile(q_row[:, None] + DA + offs_dp[None, :], row_ok, offs_dp < DP, True, BDP != DP)
-    q_sum = tl.sum(qp.to(tl.float32), 1)
+    if LINEAR:
+        qp = tl.load(QSUM + b64 * stride_sqb + head64 * stride_sqh + qi, mask=row_ok, other=0.0)
+    else:
+        qp = load_tile(q_row[:, None] + DA + offs_dp[None, :], row_ok, offs_dp < DP, True, BDP != DP)
     q_pos = tl.load(QPOS + b64 * Lq + qi)
     q_ref = tl.load(QPOS + b64 * Lq + tl.minimum(pid_m * BLOCK_M + BLOCK_M // 2, R - 1) % Lq)
     q_tag = tl.load(QTAG + b64 * Lq + qi, mask=qi < Lq * has_tags, other=0)  # has_tags is 0 or 1
     offs_n = tl.arange(0, BLOCK_N)
-    kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh)
+    kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh,
+               KSUM + b64 * stride_skb + kvh64 * stride_skh)
     k_off_a = offs_n[:, None] * stride_kn + offs_da[None, :]
     k_off_p = offs_n[:, None] * stride_kn + offs_dp[None, :]
     v_off = offs_n[:, None] * stride_vn + offs_dv[None, :]
@@ -234,13 +251,13 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for start_n in range(u_lo, u_hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
                                    k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
                                    alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
                                    False, LINEAR, IN_PREC, FAST)
     for it in range(0, n_masked):
         start_n = tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N)
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_sum, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
                                    k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
                                    alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
                                    True, LINEAR, IN_PREC, FAST)
@@ -259,22 +276,25 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG,
 
 
 @triton.jit
-def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_ref, k_tag, offs_n, n_ok, start_m,
-                qdo_base, q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE, DELTA, QPOS, QTAG,
+def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n, n_ok, start_m,
+                qdo_base, q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE, DELTA, QPOS, QTAG, DQ, stride_dqm,
                 Lq, rb, lb, has_tags, alpha, log2_cp, c_a2,
                 DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                 DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
-                LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
-    """dK/dV contributions of query block [start_m, start_m + BLOCK_M) to one key block ([N, M] tiles)."""
+                LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, FUSE_DQ: tl.constexpr):
+    """dK/dV contributions of query block [start_m, start_m + BLOCK_M) to one key block ([N, M] tiles); with
+    FUSE_DQ also the block's dQ contribution, added atomically to the fp32 rows at DQ (constants not applied;
+    for the linear phase the row sums go to column DA)."""
     offs_m, m_ok, qa, qp, do, q_pos = _row_block(start_m, qdo_base, q_off_a, q_off_p, do_off, stride_qm,
-                                                 stride_dom, QPOS, Lq, DA, BDA, DP, BDP, DV, BDV, BLOCK_M, MASKED)
+                                                 stride_dom, QPOS, Lq, DA, BDA, DP, BDP, DV, BDV, BLOCK_M, MASKED,
+                                                 LINEAR)
     if MASKED:
         lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))  # +inf: P = 0
         delta = tl.load(DELTA + offs_m, mask=m_ok, other=0.0)
     else:
         lse = tl.load(LSE + offs_m)
         delta = tl.load(DELTA + offs_m)
-    amp, ph = _products(ka, kp, k_sum, qa, qp, LINEAR, IN_PREC)  # [N, M]
+    amp, ph = _products(ka, kp, qa, qp, LINEAR, IN_PREC)  # [N, M]
     d_ref = tl.abs(k_ref - tl.load(QPOS + tl.minimum(start_m + BLOCK_M // 2, Lq - 1)))
     s, g_a, g_p = _bwd_scores(amp, ph, q_pos[None, :], k_pos[:, None], d_ref, alpha, log2_cp, FAST)
     if MASKED:
@@ -284,11 +304,26 @@ def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_ref, k_tag, 
     dv += tl.dot(p.to(do.dtype), do, input_precision=IN_PREC)
     dp = tl.dot(v, tl.trans(do), input_precision=IN_PREC)
     ds = p * (dp - delta[None, :])
-    dk_a += tl.dot((ds * g_a).to(qa.dtype), qa, input_precision=IN_PREC)
+    ds_a = (ds * g_a).to(qa.dtype)
+    dk_a += tl.dot(ds_a, qa, input_precision=IN_PREC)
     if LINEAR:
-        dk_psum += tl.sum(ds * g_p, 1)
+        ds_p = ds * g_p
+        dk_psum += tl.sum(ds_p, 1)
     else:
-        dk_p += tl.dot((ds * g_p).to(qp.dtype), qp, input_precision=IN_PREC)
+        ds_p = (ds * g_p).to(qp.dtype)
+        dk_p += tl.dot(ds_p, qp, input_precision=IN_PREC)
+    if FUSE_DQ:
+        dq_rows = DQ + offs_m[:, None] * stride_dqm
+        add_rows(dq_rows + tl.arange(0, BDA)[None, :], tl.dot(tl.trans(ds_a), ka, input_precision=IN_PREC), m_ok,
+                 tl.arange(0, BDA) < DA, MASKED, BDA != DA)
+        if LINEAR:
+            if MASKED:
+                tl.atomic_add(DQ + offs_m * stride_dqm + DA, tl.sum(ds_p, 0), mask=m_ok, sem="relaxed")
+            else:
+                tl.atomic_add(DQ + offs_m * stride_dqm + DA, tl.sum(ds_p, 0), sem="relaxed")
+        else:
+            add_rows(dq_rows + DA + tl.arange(0, BDP)[None, :], tl.dot(tl.trans(ds_p), kp, input_precision=IN_PREC),
+                     m_ok, tl.arange(0, BDP) < DP, MASKED, BDP != DP)
     return dk_a, dk_p, dk_psum, dv
 
 
@@ -300,15 +335,19 @@ def _next_pair(h, j, n):
 
 
 @_jit
-def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, QTAG, KTAG,
+def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                          stride_sqb, stride_sqh, stride_skb, stride_skh,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
+                          stride_dqb, stride_dqh, stride_dqm,
                           H, HKV, GROUP, Lq, Lk, causal, window, has_tags, alpha, log2_cp, c_a, c_a2,
                           DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                           DV_: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                          LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
-    """dK, dV of one key block of one kv head, summed over the group's query heads and query blocks."""
+                          LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, FUSE_DQ: tl.constexpr):
+    """dK, dV of one key block of one kv head, summed over the group's query heads and query blocks. With
+    FUSE_DQ the same tiles also give dQ (atomic fp32 adds into DQ, which the host scales and casts), so the
+    scores, cos and sin are computed once per score element for the whole backward."""
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)
     b64 = (pid_bkv // HKV).to(tl.int64)
@@ -319,11 +358,11 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, QTAG, KTA
     offs_dv = tl.arange(0, BDV)
     offs_n = tl.arange(0, BLOCK_N)
     offs_n, n_ok, ka, kp, v, k_pos = _row_block(
-        start_n, (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh),
+        start_n, (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh,
+                  KSUM + b64 * stride_skb + kvh64 * stride_skh),
         offs_n[:, None] * stride_kn + offs_da[None, :], offs_n[:, None] * stride_kn + offs_dp[None, :],
         offs_n[:, None] * stride_vn + offs_dv[None, :], stride_kn, stride_vn, KPOS + b64 * Lk, Lk,
-        DA, BDA, DP, BDP, DV_, BDV, BLOCK_N, True)
-    k_sum = tl.sum(kp.to(tl.float32), 1)
+        DA, BDA, DP, BDP, DV_, BDV, BLOCK_N, True, LINEAR)
     k_ref = tl.load(KPOS + b64 * Lk + tl.minimum(start_n + BLOCK_N // 2, Lk - 1))
     k_tag = tl.load(KTAG + b64 * Lk + offs_n, mask=offs_n < Lk * has_tags, other=0)
     dk_a = tl.zeros([BLOCK_N, BDA], dtype=tl.float32)
@@ -361,23 +400,27 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, QTAG, KTA
     for _ in range(0, GROUP * n_full):
         row0 = (b64 * H + h64) * Lq
         dk_a, dk_p, dk_psum, dv = _dkdv_block(
-            dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_ref, k_tag, offs_n, n_ok, u_lo + j * BLOCK_M,
-            (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh),
+            dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n, n_ok, u_lo + j * BLOCK_M,
+            (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh,
+             QSUM + b64 * stride_sqb + h64 * stride_sqh),
             q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE + row0, DELTA + row0,
-            QPOS + b64 * Lq, QTAG + b64 * Lq, Lq, rb, lb, has_tags, alpha, log2_cp, c_a2,
-            DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, False, LINEAR, IN_PREC, FAST)
+            QPOS + b64 * Lq, QTAG + b64 * Lq, DQ + b64 * stride_dqb + h64 * stride_dqh, stride_dqm, Lq, rb, lb,
+            has_tags, alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, False, LINEAR, IN_PREC, FAST,
+            FUSE_DQ)
         h64, j = _next_pair(h64, j, n_full)
     h64 = kvh64 * GROUP
     j = start_n * 0
     for _ in range(0, GROUP * n_masked):
         row0 = (b64 * H + h64) * Lq
         dk_a, dk_p, dk_psum, dv = _dkdv_block(
-            dk_a, dk_p, dk_psum, dv, ka, kp, k_sum, v, k_pos, k_ref, k_tag, offs_n, n_ok,
+            dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n, n_ok,
             tl.where(j < n_left, m_lo + j * BLOCK_M, u_hi + (j - n_left) * BLOCK_M),
-            (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh),
+            (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh,
+             QSUM + b64 * stride_sqb + h64 * stride_sqh),
             q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE + row0, DELTA + row0,
-            QPOS + b64 * Lq, QTAG + b64 * Lq, Lq, rb, lb, has_tags, alpha, log2_cp, c_a2,
-            DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, True, LINEAR, IN_PREC, FAST)
+            QPOS + b64 * Lq, QTAG + b64 * Lq, DQ + b64 * stride_dqb + h64 * stride_dqh, stride_dqm, Lq, rb, lb,
+            has_tags, alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, True, LINEAR, IN_PREC, FAST,
+            FUSE_DQ)
         h64, j = _next_pair(h64, j, n_masked)
 
     dk_a = dk_a * c_a
@@ -394,7 +437,7 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, QPOS, KPOS, QTAG, KTA
 
 
 @triton.jit
-def _dq_block(dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n,
+def _dq_block(dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n,
               kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, KTAG,
               Lk, rb, lb, has_tags, alpha, log2_cp, c_a2,
               DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
@@ -402,7 +445,7 @@ def _dq_block(dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, 
               LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
     """dQ contributions of key block [start_n, start_n + BLOCK_N) to one query block ([M, N] tiles)."""
     offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref = _key_block(
-        qa, qp, q_sum, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
+        qa, qp, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
         DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED, LINEAR, IN_PREC)
     s, g_a, g_p = _bwd_scores(amp, ph, q_pos[:, None], k_pos[None, :], d_ref, alpha, log2_cp, FAST)
     if MASKED:
@@ -420,8 +463,9 @@ def _dq_block(dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, 
 
 
 @_jit
-def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG,
+def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
+                        stride_sqb, stride_sqh, stride_skb, stride_skh,
                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                         stride_dqb, stride_dqh, stride_dqm,
                         H, GROUP, Lq, Lk, causal, window, has_tags, alpha, log2_cp, c_a, c_a2,
@@ -441,18 +485,19 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG,
     offs_dv = tl.arange(0, BDV)
     offs_m = tl.arange(0, BLOCK_M)
     offs_m, m_ok, qa, qp, do, q_pos = _row_block(
-        start_m, (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh),
+        start_m, (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh,
+                  QSUM + b64 * stride_sqb + h64 * stride_sqh),
         offs_m[:, None] * stride_qm + offs_da[None, :], offs_m[:, None] * stride_qm + offs_dp[None, :],
         offs_m[:, None] * stride_dom + offs_dv[None, :], stride_qm, stride_dom, QPOS + b64 * Lq, Lq,
-        DA, BDA, DP, BDP, DV, BDV, BLOCK_M, True)
-    q_sum = tl.sum(qp.to(tl.float32), 1)
+        DA, BDA, DP, BDP, DV, BDV, BLOCK_M, True, LINEAR)
     row0 = (b64 * H + h64) * Lq
     lse = tl.load(LSE + row0 + offs_m, mask=m_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
     q_tag = tl.load(QTAG + b64 * Lq + offs_m, mask=offs_m < Lq * has_tags, other=0)
     q_ref = tl.load(QPOS + b64 * Lq + tl.minimum(start_m + BLOCK_M // 2, Lq - 1))
     offs_n = tl.arange(0, BLOCK_N)
-    kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh)
+    kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh,
+               KSUM + b64 * stride_skb + kvh64 * stride_skh)
     k_off_a = offs_n[:, None] * stride_kn + offs_da[None, :]
     k_off_p = offs_n[:, None] * stride_kn + offs_dp[None, :]
     v_off = offs_n[:, None] * stride_vn + offs_dv[None, :]
@@ -469,12 +514,12 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG,
     dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(u_lo, u_hi, BLOCK_N):
         dq_a, dq_p, dq_psum = _dq_block(
-            dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n, kv_base,
+            dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n, kv_base,
             k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, log2_cp,
             c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, False, LINEAR, IN_PREC, FAST)
     for it in range(0, n_masked):
         dq_a, dq_p, dq_psum = _dq_block(
-            dq_a, dq_p, dq_psum, qa, qp, q_sum, do, lse, delta, q_pos, q_ref, q_tag, offs_m,
+            dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, offs_m,
             tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N), kv_base,
             k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, log2_cp,
             c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, True, LINEAR, IN_PREC, FAST)
@@ -495,13 +540,16 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG,
 # ----------------------------------------------------------------------------------------------------
 
 
-# GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and head-dim bucket, chosen offline by
-# benchmarks/tune_tiles.py: no register spills at D <= 128, shared memory within the limit, fewest issued
-# instructions per score element (see benchmarks/results/kernels-static-sm*.json)
+# GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and row-width bucket, chosen offline by
+# benchmarks/tune_tiles.py: no register spills at head dims <= 128, shared memory within the limit, fewest issued
+# instructions per score element (see benchmarks/results/kernels-static-sm*.json). "bwd" is the fused backward
+# (dQ added atomically from the dK/dV tiles): listed where it issues fewer instructions than the two-kernel
+# backward ("dkdv" + "dq"), which runs elsewhere and whenever a deterministic backward is asked for.
 _TILES = {
     "sm90": {
-        64: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1)),
-        128: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(16, 64, 4, 1), dq=(64, 32, 4, 1)),
+        64: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), bwd=(32, 64, 4, 1), dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1)),
+        128: dict(fwd=(128, 64, 8, 2), decode=(16, 64, 4, 1), bwd=(16, 128, 8, 1), dkdv=(16, 64, 4, 1),
+                  dq=(64, 32, 4, 1)),
         256: dict(fwd=(128, 32, 8, 2), decode=(16, 64, 4, 1), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
     "sm80": {
@@ -512,16 +560,24 @@ _TILES = {
 }
 
 
-def tiles(target: Target, head_dim: int) -> dict[str, Tile]:
-    """Tile / warp / stage choice per kernel ("fwd", "decode", "dkdv", "dq") for a target and head dim.
+def row_width(args: TapaArgs, head_dim: int) -> int:
+    """The widest padded row a TAPA kernel holds per token: amplitude + phase columns (amplitude only with the
+    linear phase, whose phase columns enter as host-computed row sums), or the value row."""
+    return max(pow2(args.amp_dims) + (0 if args.linear else pow2(args.phase_dims)), pow2(head_dim))
+
+
+def tiles(target: Target, width: int) -> dict[str, Tile]:
+    """Tile / warp / stage choice per kernel ("fwd", "decode", fused "bwd" where it pays, two-kernel "dkdv" +
+    "dq") for a target and padded row width (`row_width`: the head dim at θ = 0.5 for power-of-two head dims;
+    larger when θ·D is not a power of two, since the register footprint follows the padded tiles).
     Interpreter: 16-wide tiles so small tests cross several blocks. GPUs: the sm_90 table for Hopper and newer,
-    the sm_80 table otherwise; head dims up to 64, up to 128, and larger (GPU-legal everywhere: powers of two,
+    the sm_80 table otherwise; widths up to 64, up to 128, and larger (GPU-legal everywhere: powers of two,
     dot extents >= 16)."""
     if target.interpreter:
         t = Tile(16, 16, 4, 1)
-        return {"fwd": t, "decode": t, "dkdv": t, "dq": t}
+        return {"fwd": t, "decode": t, "bwd": t, "dkdv": t, "dq": t}
     table = _TILES["sm90" if target.hopper else "sm80"]
-    bucket = 64 if head_dim <= 64 else 128 if head_dim <= 128 else 256
+    bucket = 64 if width <= 64 else 128 if width <= 128 else 256
     return {k: Tile(*v) for k, v in table[bucket].items()}
 
 
@@ -532,12 +588,15 @@ def use_decode_path(Lq: int, group: int) -> bool:
 
 @dataclass
 class _Inputs:
-    """Kernel-ready views of validated arguments: fp32 relative positions, int32 tags, constants."""
+    """Kernel-ready views of validated arguments: fp32 relative positions, int32 tags, the linear phase's fp32
+    row sums of the phase columns (eq. 16), constants."""
 
     q_pos: torch.Tensor
     k_pos: torch.Tensor
     q_tag: torch.Tensor | None
     k_tag: torch.Tensor | None
+    q_psum: torch.Tensor | None
+    k_psum: torch.Tensor | None
     c_a: float
     log2_cp: float
     window: int
@@ -562,16 +621,25 @@ class _Inputs:
                 ks = torch.where(args.key_padding_mask, ks, torch.full_like(ks, -1))
             q_tag = qs.to(torch.int32).contiguous()
             k_tag = ks.to(torch.int32).contiguous()
+        q_psum = k_psum = None
+        if args.linear:
+            q_psum = q[..., args.amp_dims:].to(torch.float32).sum(-1).contiguous()
+            k_psum = k[..., args.amp_dims:].to(torch.float32).sum(-1).contiguous()
         w = args.sliding_window
-        return cls(q_pos, k_pos, q_tag, k_tag, 1.0 / math.sqrt(args.amp_dims),
+        return cls(q_pos, k_pos, q_tag, k_tag, q_psum, k_psum, 1.0 / math.sqrt(args.amp_dims),
                    math.log2(1.0 / math.sqrt(args.phase_dims)), w if w is not None and w < Lk else NO_WINDOW,
                    "ieee" if q.dtype == torch.float32 else "tf32")
 
     def common(self, args: TapaArgs, target: Target) -> dict:
-        """Arguments every TAPA kernel takes (tag pointers are never read without tags: has_tags = 0)."""
+        """Arguments every TAPA kernel takes (tag pointers are never read without tags: has_tags = 0, row-sum
+        pointers never without the linear phase)."""
+        q_sum = self.q_psum if self.q_psum is not None else self.q_pos  # never read without the linear phase
+        k_sum = self.k_psum if self.k_psum is not None else self.k_pos
         return dict(QPOS=self.q_pos, KPOS=self.k_pos,
                     QTAG=self.q_tag if self.q_tag is not None else self.q_pos.view(torch.int32),
                     KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32),
+                    QSUM=q_sum, KSUM=k_sum, stride_sqb=q_sum.stride(0), stride_sqh=q_sum.stride(1) * args.linear,
+                    stride_skb=k_sum.stride(0), stride_skh=k_sum.stride(1) * args.linear,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
                     alpha=args.alpha, log2_cp=self.log2_cp,
                     DA=args.amp_dims, BDA=pow2(args.amp_dims), DP=args.phase_dims, BDP=pow2(args.phase_dims),
@@ -587,7 +655,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaAr
     HKV, Lk = k.shape[1], k.shape[2]
     o = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    cfg = tiles(target, D)
+    cfg = tiles(target, row_width(args, D))
     decode = use_decode_path(Lq, args.group)
     tile = cfg["decode"] if decode else cfg["fwd"]
     if decode:
@@ -625,59 +693,98 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaAr
     return [fwd, plan_split_combine(o_out, lse_out, o, lse)], o, lse
 
 
+@dataclass
+class BackwardPlan:
+    """Launches of one backward and the gradients they write. Fused (the default where it pays, see `tiles`): one
+    dK/dV kernel that also adds each tile's dQ into an fp32 accumulator (atomically, so the summation order varies
+    from run to run); `finish` scales and casts it. Two-kernel: a separate dQ kernel that recomputes the scores
+    (bitwise reproducible)."""
+
+    specs: list[LaunchSpec]
+    dk: torch.Tensor
+    dv: torch.Tensor
+    dq: torch.Tensor
+    dq_scale: tuple[int, float, float, bool] | None = None  # (DA, c_A, −2π·c_A, linear) when dq is the accumulator
+    dq_dtype: torch.dtype | None = None
+
+    def finish(self) -> torch.Tensor:
+        """dQ in q's dtype: dq_A = c_A·acc_A, dq_P = −2π·c_A·acc_P (eq. 16: every phase column = acc[DA])."""
+        if self.dq_scale is None:
+            return self.dq
+        da, c_amp, c_phase, linear = self.dq_scale
+        acc = self.dq
+        amp = acc[..., :da] * c_amp
+        if linear:
+            phase = (acc[..., da:da + 1] * c_phase).expand(*acc.shape[:-1], acc.shape[-1] - da)
+        else:
+            phase = acc[..., da:] * c_phase
+        return torch.cat([amp, phase], -1).to(self.dq_dtype)
+
+
 def plan_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-                  do: torch.Tensor, args: TapaArgs, target: Target, inputs: _Inputs | None = None
-                  ) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch plan of the backward: (specs, dq, dk, dv). o, do and lse must be contiguous."""
+                  do: torch.Tensor, args: TapaArgs, target: Target, inputs: _Inputs | None = None,
+                  deterministic: bool = False) -> BackwardPlan:
+    """Launch plan of the backward: fused where the target's tile table has a fused tile and `deterministic` is
+    False, the two-kernel backward otherwise. o, do and lse must be contiguous."""
     inputs = inputs if inputs is not None else _Inputs.build(q, k, args)
     B, H, Lq, D = q.shape
     HKV, Lk = k.shape[1], k.shape[2]
     delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    cfg = tiles(target, D)
+    dk, dv = torch.empty_like(k), torch.empty_like(v)
+    cfg = tiles(target, row_width(args, D))
+    deterministic = deterministic or "bwd" not in cfg
+    if deterministic:
+        dq = torch.empty_like(q)
+    else:
+        dq = torch.zeros((B, H, Lq, D), dtype=torch.float32, device=q.device)
     common = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta,
                   **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
                   **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
                   **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
                   **dict(zip(("stride_dob", "stride_doh", "stride_dom"), strides(do))),
-                  H=H, GROUP=args.group, Lq=Lq, Lk=Lk, c_a=inputs.c_a, c_a2=inputs.c_a * LOG2E,
+                  **dict(zip(("stride_dqb", "stride_dqh", "stride_dqm"), strides(dq))),
+                  DQ=dq, H=H, GROUP=args.group, Lq=Lq, Lk=Lk, c_a=inputs.c_a, c_a2=inputs.c_a * LOG2E,
                   BDV=pow2(D), **inputs.common(args, target))
-    t = cfg["dkdv"]
+    t = cfg["dkdv"] if deterministic else cfg["bwd"]
     dkdv = LaunchSpec(
-        "tapa_bwd_dkdv", _tapa_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * HKV),
-        dict(common, DK=dk, DV=dv, HKV=HKV, DV_=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+        "tapa_bwd_dkdv" if deterministic else "tapa_bwd", _tapa_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * HKV),
+        dict(common, DK=dk, DV=dv, HKV=HKV, DV_=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, FUSE_DQ=not deterministic,
              **dict(zip(("stride_dkb", "stride_dkh", "stride_dkn"), strides(dk))),
              **dict(zip(("stride_dvb", "stride_dvh", "stride_dvn"), strides(dv)))),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
+    specs = [plan_row_dot(o, do, delta, target), dkdv]
+    if not deterministic:
+        return BackwardPlan(specs, dk, dv, dq, (args.amp_dims, inputs.c_a, -2.0 * math.pi * inputs.c_a, args.linear),
+                            q.dtype)
     t = cfg["dq"]
-    dq_spec = LaunchSpec(
+    specs.append(LaunchSpec(
         "tapa_bwd_dq", _tapa_bwd_dq_kernel, (triton.cdiv(Lq, t.block_m), B * H),
-        dict(common, DQ=dq, DV=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-             **dict(zip(("stride_dqb", "stride_dqh", "stride_dqm"), strides(dq)))),
+        dict(common, DV=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n),
         num_warps=t.num_warps, num_stages=t.num_stages,
-    )
-    return [plan_row_dot(o, do, delta, target), dkdv, dq_spec], dq, dk, dv
+    ))
+    return BackwardPlan(specs, dk, dv, dq)
 
 
 class _TapaFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs) -> torch.Tensor:
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs,
+                deterministic: bool) -> torch.Tensor:
         target = Target.of(q)
         inputs = _Inputs.build(q, k, args)
         specs, o, lse = plan_forward(q, k, v, args, target, inputs)
         launch_all(specs)
         ctx.save_for_backward(q, k, v, o, lse)
-        ctx.args, ctx.target, ctx.inputs = args, target, inputs
+        ctx.args, ctx.target, ctx.inputs, ctx.deterministic = args, target, inputs, deterministic
         return o
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do: torch.Tensor):
         q, k, v, o, lse = ctx.saved_tensors
-        specs, dq, dk, dv = plan_backward(q, k, v, o, lse, do.contiguous(), ctx.args, ctx.target, ctx.inputs)
-        launch_all(specs)
-        return dq, dk, dv, None
+        plan = plan_backward(q, k, v, o, lse, do.contiguous(), ctx.args, ctx.target, ctx.inputs, ctx.deterministic)
+        launch_all(plan.specs)
+        return plan.finish(), plan.dk, plan.dv, None, None
 
 
 def tapa_attention_triton(
@@ -695,6 +802,7 @@ def tapa_attention_triton(
     q_segment_ids: torch.Tensor | None = None,
     k_segment_ids: torch.Tensor | None = None,
     sliding_window: int | None = None,
+    deterministic: bool | None = None,
 ) -> torch.Tensor:
     """TAPA attention (eq. 12 / eq. 16) with the fused Triton kernels; same contract as the reference.
 
@@ -704,6 +812,11 @@ def tapa_attention_triton(
     Differentiable in q, k, v (positions, masks and segment ids are not). Runs on CUDA tensors, or on
     CPU tensors under TRITON_INTERPRET=1. Returns [B, Hq, Lq, D] in q's dtype. bf16/fp16 run on the tensor
     cores; fp32 inputs use exact fp32 ("ieee") dots on the FMA units, which is much slower on GPUs.
+
+    `deterministic` (default: `torch.are_deterministic_algorithms_enabled()`): where it pays (Hopper at head
+    dims <= 128, see `tiles`) the backward computes every score's cos/sin once and adds dQ atomically in fp32,
+    so gradients vary from run to run within fp32 rounding, as FlashAttention-2's do; True always runs the
+    two-kernel backward (a separate dQ kernel recomputes the scores), which is bitwise reproducible.
     """
     args = validate_tapa_args(
         q, k, v, alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions,
@@ -717,14 +830,18 @@ def tapa_attention_triton(
         raise ValueError("tapa_attention_triton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tests); "
                          "use tapa_attention_reference on CPU")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    return _TapaFunction.apply(q, k, v, args)
+    if deterministic is None:
+        deterministic = torch.are_deterministic_algorithms_enabled()
+    return _TapaFunction.apply(q, k, v, args, bool(deterministic))
 
 
 def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[LaunchSpec]:
-    """Every launch the host code plans for `target` at this dtype and head dim (θ = 0.5), on meta tensors:
-    both phase modes (the only constexpr flag) × prefill forward + backward and split-K decode + combine,
-    each with plain causal masks, with padding + packed segments, and non-causal with a sliding window
-    (runtime arguments: the compile lane finds them to be the same binaries)."""
+    """Every launch the host code plans for `target` at this dtype and head dim, on meta tensors: both phase
+    modes × prefill forward + both backwards (fused and deterministic) and split-K decode + combine, each with
+    plain causal masks, with padding + packed segments, and non-causal with a sliding window (runtime arguments:
+    the compile lane finds them to be the same binaries); at θ = 0.5 and, for the plain causal case at head
+    dims <= 128 (where spills fail the lane), at θ = 0.25 (unequal amplitude / phase widths, padded to powers
+    of two where θ·D is not one)."""
     B, H, HKV, L = 2, 8, 2, 1024
 
     def meta(*shape, dt=dtype):
@@ -735,24 +852,28 @@ def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[Launch
         dict(key_padding_mask=meta(B, L, dt=torch.bool), k_segment_ids=meta(B, L, dt=torch.long)),
         dict(causal=False, sliding_window=256),
     )
+    thetas = ((0.5, masks), (0.25, masks[:1])) if head_dim <= SPILL_FREE_MAX_HEAD_DIM else ((0.5, masks),)
+    cases = [(theta, phase, extra) for phase in ("quadratic", "linear") for theta, extras in thetas for extra in extras]
     specs: list[LaunchSpec] = []
-    for phase in ("quadratic", "linear"):
-        for extra in masks:
-            for lq in (L, 1):
-                q, k, v = meta(B, H, lq, head_dim), meta(B, HKV, L, head_dim), meta(B, HKV, L, head_dim)
-                if "k_segment_ids" in extra:
-                    extra = dict(extra, q_segment_ids=meta(B, lq, dt=torch.long))
-                args = validate_tapa_args(q, k, v, alpha=0.1, theta=0.5, phase=phase, causal=extra.get("causal", True),
-                                          q_positions=None, k_positions=None,
-                                          key_padding_mask=extra.get("key_padding_mask"),
-                                          q_segment_ids=extra.get("q_segment_ids"),
-                                          k_segment_ids=extra.get("k_segment_ids"),
-                                          sliding_window=extra.get("sliding_window"))
-                fwd, o, lse = plan_forward(q, k, v, args, target)
-                specs += fwd
-                if lq > DECODE_MAX_LQ:
-                    specs += plan_backward(q, k, v, o, lse, meta(B, H, lq, head_dim), args, target)[0]
+    for theta, phase, extra in cases:
+        for lq in (L, 1):
+            q, k, v = meta(B, H, lq, head_dim), meta(B, HKV, L, head_dim), meta(B, HKV, L, head_dim)
+            if "k_segment_ids" in extra:
+                extra = dict(extra, q_segment_ids=meta(B, lq, dt=torch.long))
+            args = validate_tapa_args(q, k, v, alpha=0.1, theta=theta, phase=phase, causal=extra.get("causal", True),
+                                      q_positions=None, k_positions=None,
+                                      key_padding_mask=extra.get("key_padding_mask"),
+                                      q_segment_ids=extra.get("q_segment_ids"),
+                                      k_segment_ids=extra.get("k_segment_ids"),
+                                      sliding_window=extra.get("sliding_window"))
+            fwd, o, lse = plan_forward(q, k, v, args, target)
+            specs += fwd
+            if lq > DECODE_MAX_LQ:
+                for deterministic in (False, True):
+                    specs += plan_backward(q, k, v, o, lse, meta(B, H, lq, head_dim), args, target,
+                                           deterministic=deterministic).specs
     return specs
 
 
-__all__ = ["tapa_attention_triton", "plan_forward", "plan_backward", "tiles", "use_decode_path", "lane_specs"]
+__all__ = ["tapa_attention_triton", "plan_forward", "plan_backward", "BackwardPlan", "tiles", "row_width",
+           "use_decode_path", "lane_specs"]
