@@ -1,6 +1,6 @@
 """Baseline for the static kernel report: a plain causal FlashAttention-2 forward in Triton, built from the same
 pieces as the TAPA / TAPE forward kernels (online base-2 softmax with the scale folded into the exponent's
-FMA, unmasked loop over fully visible key blocks then a masked loop over the diagonal, fast exp2 on CUDA) and
+FMA and lazy rescaling, unmasked loop over fully visible key blocks then a masked loop over the diagonal, fast exp2 on CUDA) and
 planned with the TAPA forward's tiles (and, as a second spec, the TAPE forward's), so the per-score-element
 instruction counts compare like with like.
 
@@ -20,11 +20,11 @@ from hf_posenc.kernels._triton import (
     Target,
     Tile,
     block_range,
-    exp2,
     jit_runtime_ints,
     launch_all,
     load_tile,
     pow2,
+    softmax_block,
     store_rows,
     strides,
     visible,
@@ -43,14 +43,10 @@ def _block(acc, m_i, l_i, q, qi, start_n, k_base, v_base, k_off, v_off, skl, svl
     s = tl.dot(q, tl.trans(k))
     if MASKED:
         s = tl.where(visible(qi[:, None], cols[None, :], col_ok[None, :], rb, -Lk - 1), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = exp2(s * qk_scale - m_use[:, None], FAST)
-    corr = exp2(m_i - m_use, FAST)
-    l_i = l_i * corr + tl.sum(p, 1)
+    acc, l_i, m_i, p = softmax_block(acc, l_i, m_i, s, qk_scale, True, FAST)
     v = load_tile(v_base + n64 * svl + v_off, col_ok, col_ok, MASKED, False)
-    acc = acc * corr[:, None] + tl.dot(p.to(v.dtype), v)
-    return acc, m_new, l_i
+    acc = acc + tl.dot(p.to(v.dtype), v)
+    return acc, m_i, l_i
 
 
 @jit_runtime_ints("H", "Lq", "Lk")

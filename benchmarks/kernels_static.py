@@ -213,7 +213,9 @@ def build_report(arch: int, head_dims, jobs: int | None) -> dict:
         torch=torch.__version__, dtype="bfloat16",
         theta="summary at 0.5; kernels lists theta 0.25 binaries too",
         method=dict(loop="innermost SASS loop with tensor-core instructions, shortest path through forward "
-                         "branches (the masked loop is listed as masked_loop)",
+                         "branches (the masked loop is listed as masked_loop); in the forward kernels (baseline "
+                         "included) that path skips the lazy-rescale branch, which runs only when some row's "
+                         "maximum grows by more than 2^8 (the first key blocks of a tile, rarely after)",
                     classes=dict(special_function="MUFU", tensor_core="HMMA/HGMMA",
                                  fma_alu="float and integer datapath (F*, H*, I*, LOP3, SEL, SHF, LEA, ...)",
                                  other="memory, barriers/fences, uniform-datapath descriptor and address "

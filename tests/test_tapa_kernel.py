@@ -185,6 +185,28 @@ def test_kernel_matches_reference(name, deterministic):
     _check(kw, *shape, seed=100 + list(KERNEL_CASES).index(name), deterministic=deterministic)
 
 
+@pytest.mark.parametrize("growth", [0.05, 3.0])
+def test_kernel_lazy_rescaling_matches_reference(growth):
+    """Amplitudes that grow along the keys: the row maxima move by less than 2^8 between key blocks (the kernel
+    keeps its stale reference maximum) or by far more (it rescales; scores in the hundreds, which would overflow
+    fp32 without rescaling). Forward (prefill and decode) and gradients against the reference."""
+    for lq in (70, 3):
+        q, k, v = _qkv(1, 4, 2, lq, 70, 32, seed=31 + lq)
+        k[..., :16] *= (1.0 + growth * torch.arange(70, dtype=k.dtype))[:, None]
+        q, k, v = (t.requires_grad_(True) for t in (q, k, v))
+        out = tapa_attention_triton(q, k, v)
+        ref = tapa_attention_reference(q.double(), k.double(), v.double())
+        torch.testing.assert_close(out.double(), ref, atol=1e-4, rtol=1e-4)
+        do = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
+        for name, a, b in zip("qkv", torch.autograd.grad(out, (q, k, v), do),
+                              torch.autograd.grad(ref, (q, k, v), do.double())):
+            scale = max(1.0, b.abs().max().item())
+            # scores in the hundreds: one fp32 ulp of a score is ~3e-5, so gradients agree to ~3e-4 (also when
+            # the kernel rescales at every block)
+            torch.testing.assert_close(a.double() / scale, b.double() / scale, atol=1e-3, rtol=0,
+                                       msg=lambda m: f"d{name}: {m}")
+
+
 def test_decode_shapes_take_decode_path():
     assert use_decode_path(1, 2) and use_decode_path(3, 3) and use_decode_path(16, 8)
     assert not use_decode_path(17, 1) and not use_decode_path(37, 2)

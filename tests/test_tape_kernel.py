@@ -144,6 +144,27 @@ def test_triton_forward_and_gradients_match_reference(name):
         torch.testing.assert_close(g, r.float(), atol=1e-4, rtol=1e-4, msg=lambda m: f"d{label}: {m}")
 
 
+@pytest.mark.parametrize("growth", [0.05, 3.0])
+def test_triton_lazy_rescaling_matches_reference(growth):
+    """Keys whose scores grow along the sequence: the row maxima move by less than 2^8 between key blocks (the
+    kernel keeps its stale reference maximum; growth 0.05) or by far more (it rescales; growth 3, scores in the
+    hundreds, so a kernel that never rescaled would overflow fp32). Both must equal the reference, forward and
+    backward."""
+    inputs, kpm = make_inputs(1, 4, 2, 70, 70, 32, 32, False, seed=7)
+    q, k, v, e = inputs
+    k = k * (1.0 + growth * torch.arange(70, device=DEVICE, dtype=k.dtype))[:, None]
+    go = torch.randn(1, 4, 70, 32, device=DEVICE)
+    ge = torch.randn(1, 4, 70, 32, device=DEVICE)
+    o, eo, grads = _forward_backward(tape_attention_triton, [q, k, v, e], None, True, go, ge)
+    ro, reo, ref = _forward_backward(tape_attention_reference, [t.double() for t in (q, k, v, e)], None, True,
+                                     go.double(), ge.double())
+    torch.testing.assert_close(o, ro.float(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(eo, reo.float(), atol=1e-4, rtol=1e-4)
+    for label, g, r in zip("q k v e".split(), grads, ref):
+        scale = max(1.0, r.abs().max().item())
+        torch.testing.assert_close(g / scale, (r / scale).float(), atol=1e-4, rtol=0, msg=lambda m: f"d{label}: {m}")
+
+
 def test_positional_output_gradient_reaches_dq_and_dk():
     """With dO = 0 and only dẼ non-zero, dq and dk must still be non-zero (dP = dẼ·Eᵀ, Δ = rowsum(dẼ∘Ẽ)).
 

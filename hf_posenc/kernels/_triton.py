@@ -313,6 +313,45 @@ def store_rows(ptrs, x, row_ok, col_ok, COLS: tl.constexpr):
 
 
 @triton.jit
+def finite_max(m):
+    """The row maxima to subtract in exp2: 0 for rows that have seen no visible key yet (−inf)."""
+    return tl.where(m == float("-inf"), 0.0, m)
+
+
+@triton.jit
+def lazy_max(m_ref, block_max, LAZY: tl.constexpr):
+    """Online softmax with lazy rescaling (as in FlashAttention-4): each row keeps its reference maximum m_ref
+    while no row of the tile has a block maximum more than RESCALE_LOG2 = 8 above its reference, so the
+    probabilities 2^(s − m_ref) stay below 2^8 and the accumulators need no rescaling (exact: the final
+    normalisation divides by the sum taken against the same reference). Returns (the new maxima, whether the
+    caller must move to them: multiply its accumulators and row sums by 2^(m_ref − finite_max(new)), then set
+    m_ref = new). Rows going from no visible key (−inf) to a finite maximum always move. LAZY = False: always
+    move (classic online softmax; decode tiles of 16 rows gain nothing from the branch, which costs them stack)."""
+    m_new = tl.maximum(m_ref, block_max)
+    if LAZY:
+        grow = tl.where(m_new > m_ref, m_new - tl.maximum(m_ref, -3.0e38), 0.0)  # no −inf − (−inf) = NaN
+        move = tl.max(grow, 0) > 8.0
+    else:
+        move = True
+    return m_new, move
+
+
+@triton.jit
+def softmax_block(acc, l_i, m_i, s, scale, LAZY: tl.constexpr, FAST: tl.constexpr):
+    """One key block of a base-2 online softmax with one accumulator: rescales (acc, l_i) when `lazy_max` says
+    so and returns (acc, l_i + the block's row sums, the reference maxima, the block's probabilities P), so the
+    caller adds P·V to acc."""
+    m_new, move = lazy_max(m_i, tl.max(s, 1) * scale, LAZY)
+    if move:
+        corr = exp2(m_i - finite_max(m_new), FAST)
+        acc = acc * corr[:, None]
+        l_i = l_i * corr
+        m_i = m_new
+    p = exp2(s * scale - finite_max(m_i)[:, None], FAST)
+    return acc, l_i + tl.sum(p, 1), m_i, p
+
+
+@triton.jit
 def add_rows(ptrs, x, row_ok, col_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Atomically add a 2-D fp32 tile (relaxed order: the sum is exact up to fp32 rounding order), masking rows /
     columns only where the constexpr says they can be out of range."""

@@ -5,7 +5,8 @@ Score (eq. 12), with a = q_A·k_A, p = q_P·k_P (eq. 16: p = Σq_P + Σk_P), d =
     s = c_A·a·cos(2π·t),   t = c_P·d^α·p  (in turns),   c_A = 1/√(θD),  c_P = 1/√((1−θ)D)
 
 Forward: one program per (query tile, query head) keeps its Q tile on chip and streams K/V with an online
-softmax in base 2 (log2(e) is folded into c_A, the base-2 log-sum-exp is saved for the backward). Both
+softmax in base 2 (log2(e) is folded into c_A, the base-2 log-sum-exp is saved for the backward; prefill tiles
+rescale lazily, only when a row maximum grows by more than 2^8: `hf_posenc.kernels._triton.lazy_max`). Both
 half-width products a and p are tl.dot's over the split head dimension. The phase runs in fp32:
 c_P·d^α = 2^(α·log2 d + log2 c_P) (0 at d = 0, where log2 d = −inf), t is range-reduced exactly to
 r = t − rint(t) and cos(2π r) is evaluated, so long distances stay accurate when q/k are bf16. On CUDA the
@@ -68,6 +69,7 @@ from .._triton import (
     plan_row_dot,
     plan_split_combine,
     pow2,
+    softmax_block,
     store_rows,
     strides,
     visible,
@@ -182,7 +184,7 @@ def _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base,
                stride_kn, stride_vn, KPOS, KTAG, Lk, rb, lb, has_tags, alpha, log2_cp, c_a2,
                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
-               LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+               LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, LAZY: tl.constexpr):
     """One key block [start_n, start_n + BLOCK_N) through the online softmax (scores in units of c_A)."""
     offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref = _key_block(
         qa, qp, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
@@ -191,13 +193,9 @@ def _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base,
     if MASKED:
         k_tag = tl.load(KTAG + offs_n, mask=offs_n < Lk * has_tags, other=0)
         s = _masked(s, qi[:, None], offs_n[None, :], n_ok[None, :], q_tag[:, None], k_tag[None, :], rb, lb)
-    m_new = tl.maximum(m_i, tl.max(s, 1) * c_a2)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)
-    p = exp2(s * c_a2 - m_use[:, None], FAST)
-    corr = exp2(m_i - m_use, FAST)
-    l_i = l_i * corr + tl.sum(p, 1)
-    acc = acc * corr[:, None] + tl.dot(p.to(v.dtype), v, input_precision=IN_PREC)
-    return acc, l_i, m_new
+    acc, l_i, m_i, p = softmax_block(acc, l_i, m_i, s, c_a2, LAZY, FAST)
+    acc = acc + tl.dot(p.to(v.dtype), v, input_precision=IN_PREC)
+    return acc, l_i, m_i
 
 
 @_jit
@@ -209,7 +207,7 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                      H_PROG, GP, GROUP, R, Lq, Lk, split_len, causal, window, has_tags, alpha, log2_cp, c_a2, lse_empty,
                      DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                      DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-                     LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
+                     LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, LAZY: tl.constexpr):
     """Program (row tile, (batch, head program), key split). A head program owns GP query heads whose R = GP·Lq
     rows are packed (row r: head hp·GP + r div Lq, query r mod Lq); GP = 1 for prefill. Writes O (normalised, in
     O's dtype) and the base-2 LSE of its split; rows without a visible key get O = 0 and LSE = lse_empty (−inf
@@ -254,13 +252,13 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
                                    k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
                                    alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                                   False, LINEAR, IN_PREC, FAST)
+                                   False, LINEAR, IN_PREC, FAST, LAZY)
     for it in range(0, n_masked):
         start_n = tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N)
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
                                    k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
                                    alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
-                                   True, LINEAR, IN_PREC, FAST)
+                                   True, LINEAR, IN_PREC, FAST, LAZY)
 
     has = l_i > 0.0
     out = acc / tl.where(has, l_i, 1.0)[:, None]
@@ -684,7 +682,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaAr
              **dict(zip(("stride_lb", "stride_lh", "stride_ls"), sl)),
              H_PROG=h_prog, GP=gp, GROUP=args.group, R=rows, Lq=Lq, Lk=Lk, split_len=split_len,
              c_a2=inputs.c_a * LOG2E, lse_empty=float("inf") if splits == 1 else float("-inf"), DV=D, BDV=pow2(D),
-             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n,
+             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, LAZY=not decode,
              **inputs.common(args, target)),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )

@@ -6,7 +6,8 @@ channels, De = 2F), independent of the head width D; both are padded to powers o
 
 Forward: a program owns a tile of query rows and streams the K/V/E tiles of its KV head once. The
 online softmax runs in base 2 (log2(e) folded into the scale, applied in the exponent's FMA) and both
-accumulators, O and Ẽ, are rescaled and updated with the SAME probabilities in the same pass. Key blocks
+accumulators, O and Ẽ, are rescaled and updated with the SAME probabilities in the same pass (rescaled lazily,
+only when a row maximum grows by more than 2^8: `hf_posenc.kernels._triton.lazy_max`). Key blocks
 every row of the tile sees in full run through an unmasked loop; the causal diagonal and the ragged end run
 through a masked loop. Causality and the presence of a key-padding mask are runtime integers, so one binary
 serves every mask combination; with padding every visible block takes the masked loop. GQA reads kv head
@@ -39,15 +40,16 @@ import triton.language as tl
 
 from .._triton import (
     LOG2E,
-    NO_WINDOW,
     LaunchSpec,
     Target,
     Tile,
     block_range,
     exp2,
+    finite_max,
     interpreting,
     jit_runtime_ints,
     launch_all,
+    lazy_max,
     load_tile,
     num_splits,
     packed_rows,
@@ -74,7 +76,7 @@ _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "Hq", "Hkv", "Lq", "Lk", "
 def _fwd_block(acc_o, acc_e, m_i, l_i, q, qi, start_n, k_base, v_base, e_base, k_off, v_off, e_off,
                stride_kl, stride_vl, stride_el, KPM, d_ok, de_ok, Lk, rb, has_kpm, qk_scale,
                BLOCK_N: tl.constexpr, D_MASK: tl.constexpr, DE_MASK: tl.constexpr, MASKED: tl.constexpr,
-               DOT_PREC: tl.constexpr, FAST: tl.constexpr):
+               DOT_PREC: tl.constexpr, FAST: tl.constexpr, LAZY: tl.constexpr):
     """One key block through the online softmax; both accumulators use the same probabilities."""
     cols = start_n + tl.arange(0, BLOCK_N)
     col_ok = cols < Lk
@@ -84,17 +86,21 @@ def _fwd_block(acc_o, acc_e, m_i, l_i, q, qi, start_n, k_base, v_base, e_base, k
     if MASKED:
         keep = col_ok & (tl.load(KPM + cols, mask=cols < Lk * has_kpm, other=1) != 0)  # has_kpm is 0 or 1
         s = tl.where(visible(qi[:, None], cols[None, :], keep[None, :], rb, -Lk - 1), s, float("-inf"))
-    m_new = tl.maximum(m_i, tl.max(s, 1) * qk_scale)
-    m_use = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows with nothing visible yet
-    p = exp2(s * qk_scale - m_use[:, None], FAST)
-    corr = exp2(m_i - m_use, FAST)
-    l_i = l_i * corr + tl.sum(p, 1)
+    m_new, move = lazy_max(m_i, tl.max(s, 1) * qk_scale, LAZY)
+    if move:
+        corr = exp2(m_i - finite_max(m_new), FAST)
+        acc_o = acc_o * corr[:, None]
+        acc_e = acc_e * corr[:, None]
+        l_i = l_i * corr
+        m_i = m_new
+    p = exp2(s * qk_scale - finite_max(m_i)[:, None], FAST)
+    l_i = l_i + tl.sum(p, 1)
     v = load_tile(v_base + n64 * stride_vl + v_off, col_ok, d_ok, MASKED, D_MASK)
     e = load_tile(e_base + n64 * stride_el + e_off, col_ok, de_ok, MASKED, DE_MASK)
     p_lo = p.to(v.dtype)
-    acc_o = acc_o * corr[:, None] + tl.dot(p_lo, v, input_precision=DOT_PREC)
-    acc_e = acc_e * corr[:, None] + tl.dot(p_lo, e, input_precision=DOT_PREC)
-    return acc_o, acc_e, m_new, l_i
+    acc_o = acc_o + tl.dot(p_lo, v, input_precision=DOT_PREC)
+    acc_e = acc_e + tl.dot(p_lo, e, input_precision=DOT_PREC)
+    return acc_o, acc_e, m_i, l_i
 
 
 @_jit
@@ -104,7 +110,7 @@ def _tape_fwd_kernel(
     sob, soh, sos, sol, seob, seoh, seos, seol, slb, slh, sls, skpm,
     H_PROG, GP, GROUP, R, Lq, Lk, D, DE, split_len, causal, has_kpm, qk_scale, lse_empty,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr,
-    D_MASK: tl.constexpr, DE_MASK: tl.constexpr, DOT_PREC: tl.constexpr, FAST: tl.constexpr,
+    D_MASK: tl.constexpr, DE_MASK: tl.constexpr, DOT_PREC: tl.constexpr, FAST: tl.constexpr, LAZY: tl.constexpr,
 ):
     """Program (row block, (batch, head program), key split). Row r of the R = GP·Lq rows of a head program
     is query r mod Lq of query head hp·GP + r div Lq (GP = 1: plain tiles; GP = group: packed decode).
@@ -143,12 +149,14 @@ def _tape_fwd_kernel(
     for start_n in range(u_lo, u_hi, BLOCK_N):
         acc_o, acc_e, m_i, l_i = _fwd_block(acc_o, acc_e, m_i, l_i, q, qi, start_n, k_base, v_base, e_base,
                                             k_off, v_off, e_off, skl, svl, sel, kpm_b, d_ok, de_ok, Lk, rb,
-                                            has_kpm, qk_scale, BLOCK_N, D_MASK, DE_MASK, False, DOT_PREC, FAST)
+                                            has_kpm, qk_scale, BLOCK_N, D_MASK, DE_MASK, False, DOT_PREC, FAST,
+                                            LAZY)
     for it in range(0, n_masked):
         start_n = tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N)
         acc_o, acc_e, m_i, l_i = _fwd_block(acc_o, acc_e, m_i, l_i, q, qi, start_n, k_base, v_base, e_base,
                                             k_off, v_off, e_off, skl, svl, sel, kpm_b, d_ok, de_ok, Lk, rb,
-                                            has_kpm, qk_scale, BLOCK_N, D_MASK, DE_MASK, True, DOT_PREC, FAST)
+                                            has_kpm, qk_scale, BLOCK_N, D_MASK, DE_MASK, True, DOT_PREC, FAST,
+                                            LAZY)
 
     has = l_i > 0.0
     inv = 1.0 / tl.where(has, l_i, 1.0)
@@ -375,7 +383,7 @@ def _tape_bwd_dq_kernel(
 _TILES = {
     "sm90": {
         128: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 1)),
-        256: dict(fwd=(128, 64, 8, 3), decode=(16, 64, 4, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 1)),
+        256: dict(fwd=(128, 64, 8, 2), decode=(16, 64, 4, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 1)),
         512: dict(fwd=(64, 64, 8, 2), decode=(16, 32, 4, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
     "sm80": {
@@ -453,7 +461,8 @@ def plan_forward(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | No
              causal=int(args.causal), has_kpm=int(key_padding_mask is not None), qk_scale=args.scale * LOG2E,
              lse_empty=float("inf") if splits == 1 else float("-inf"),
              BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=block_d, BLOCK_DE=block_de,
-             D_MASK=block_d != D, DE_MASK=block_de != De, DOT_PREC=_dot_precision(q.dtype), FAST=target.fast_math),
+             D_MASK=block_d != D, DE_MASK=block_de != De, DOT_PREC=_dot_precision(q.dtype), FAST=target.fast_math,
+             LAZY=not decode),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
     if splits == 1:
