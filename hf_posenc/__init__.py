@@ -29,6 +29,7 @@ from .patching import get_scheme, patch_model  # noqa: E402
 from .export import export_stock  # noqa: E402
 from .gguf_export import export_gguf  # noqa: E402
 from .hub import push_to_hub  # noqa: E402
+from . import remote_code  # noqa: E402,F401  (registers the remote-code writer of save_pretrained)
 
 __version__ = LIBRARY_VERSION
 

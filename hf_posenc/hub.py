@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from .patches.base import register_publisher
 from .patching import check_patchable, scheme_record
 from .record import FORMAT_VERSION, LIBRARY_VERSION
 
@@ -171,3 +172,6 @@ def push_to_hub(
             repo_id, operations, commit_message=commit_message or f"Upload {kind} patched with {record.scheme.name}",
             revision=revision, create_pr=create_pr, repo_type="model",
         )
+
+
+register_publisher("push_to_hub", push_to_hub)

@@ -16,6 +16,8 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .patches import adapter_for
+from .patches.base import register_publisher
 from .record import LIBRARY_VERSION
 
 PACKAGE = "hf_posenc"
@@ -104,3 +106,10 @@ def write_remote_code(directory: str | os.PathLike, adapter: Any) -> dict[str, s
     config["auto_map"] = auto_map
     config_path.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     return auto_map
+
+
+def _write_for(directory: str | os.PathLike, config: Any) -> None:
+    write_remote_code(directory, adapter_for(config.model_type))
+
+
+register_publisher("remote_code", _write_for)

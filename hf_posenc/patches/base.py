@@ -12,7 +12,7 @@ A patched model keeps its family's modeling code. Its config becomes a subclass 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from huggingface_hub.dataclasses import strict
 
@@ -76,26 +76,17 @@ class PosencModelMixin:
         """``save_pretrained`` plus the remote code (``auto_map``) that loads the checkpoint without hf-posenc.
 
         When this class itself came from remote code, Transformers copies those files again on its own."""
-        import importlib
-
         super().save_pretrained(save_directory, *args, **kwargs)
-        try:
-            remote = importlib.import_module("hf_posenc.remote_code")
-            patches = importlib.import_module("hf_posenc.patches")
-        except ImportError:
-            return
-        if kwargs.get("is_main_process", True):
-            remote.write_remote_code(save_directory, patches.adapter_for(self.config.model_type))
+        write = PUBLISHERS.get("remote_code")
+        if write is not None and kwargs.get("is_main_process", True):
+            write(save_directory, self.config)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
         """Publish with hf-posenc's model card (see ``hf_posenc.hub.push_to_hub`` for the options)."""
-        import importlib
-
-        try:
-            hub = importlib.import_module("hf_posenc.hub")
-        except ImportError:  # loaded through remote code: Transformers' own upload
+        push = PUBLISHERS.get("push_to_hub")
+        if push is None:  # loaded through remote code: Transformers' own upload
             return super().push_to_hub(repo_id, **kwargs)
-        return hub.push_to_hub(self, repo_id, **kwargs)
+        return push(self, repo_id, **kwargs)
 
     def _check_and_adjust_attn_implementation(self, attn_implementation: str | None, is_init_check: bool = False,
                                               **kwargs: Any) -> str:
@@ -108,6 +99,21 @@ class PosencModelMixin:
                 f"attn_implementation={attn_implementation!r} would drop it. Leave attn_implementation unset."
             )
         return required
+
+
+# What the model classes publish beyond Transformers' own files, provided by the io layer, which registers it when
+# imported (``import hf_posenc`` imports ``hf_posenc.remote_code`` and ``hf_posenc.hub``), so this core module
+# never imports upwards: "remote_code" (directory, config) writes the remote-code files, "push_to_hub" (model,
+# repo_id, **options) publishes with the model card. A checkpoint's remote code has no io layer and leaves both
+# unset: its save_pretrained writes the checkpoint alone and push_to_hub is Transformers'.
+PUBLISHERS: dict[str, Callable[..., Any]] = {}
+
+
+def register_publisher(name: str, fn: Callable[..., Any]) -> None:
+    """Provide one of the :data:`PUBLISHERS` (called by the io layer at import)."""
+    if name not in ("remote_code", "push_to_hub"):
+        raise ValueError(f"unknown publisher {name!r}; expected 'remote_code' or 'push_to_hub'")
+    PUBLISHERS[name] = fn
 
 
 @dataclass

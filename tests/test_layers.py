@@ -1,0 +1,53 @@
+"""The package's layers (pyproject.toml, [tool.importlinter]): kernels <- schemes <- core <- io <- apps <- front,
+each importing only the ones below it, every top-level module placed in a layer. Checked with import-linter on
+the package as it is, and shown to fail on a copy where a lower layer imports a higher one."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+pytest.importorskip("importlinter")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess:
+    """lint-imports with the project's contracts on the package under `root` (no cache files written)."""
+    code = ("import sys; from importlinter.cli import lint_imports; "
+            "sys.exit(lint_imports(config_filename='pyproject.toml', no_cache=True))")
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run([sys.executable, "-c", code], cwd=root, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _copy(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "hf_posenc", tmp_path / "hf_posenc", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def test_the_layer_contract_holds():
+    run = _lint(ROOT)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "1 kept, 0 broken" in run.stdout
+
+
+def test_a_lower_layer_importing_a_higher_one_breaks_the_contract(tmp_path):
+    root = _copy(tmp_path)
+    rope = root / "hf_posenc" / "schemes" / "rope.py"
+    rope.write_text(rope.read_text() + "\n\ndef _publish(model):\n    from ..hub import push_to_hub\n\n"
+                    "    return push_to_hub\n")
+    run = _lint(root)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "BROKEN" in run.stdout and "hf_posenc.schemes.rope -> hf_posenc.hub" in run.stdout, run.stdout
+
+
+def test_a_module_outside_every_layer_breaks_the_contract(tmp_path):
+    root = _copy(tmp_path)
+    (root / "hf_posenc" / "stray.py").write_text('"""A new top-level module nobody placed in a layer."""\n')
+    run = _lint(root)
+    assert run.returncode == 1 and "hf_posenc.stray" in run.stdout, run.stdout + run.stderr
