@@ -24,7 +24,7 @@ register_rope_types()
 register_tapa_attention()
 register_tape_attention()
 
-from .patches import ADAPTERS  # noqa: E402  (registers the patched model types)
+from .patches import FAMILIES  # noqa: E402  (registers the patched model types)
 from .patching import get_scheme, patch_model  # noqa: E402
 from .export import export_stock  # noqa: E402
 from .gguf_export import export_gguf  # noqa: E402
@@ -32,6 +32,16 @@ from .hub import push_to_hub  # noqa: E402
 from . import remote_code  # noqa: E402,F401  (registers the remote-code writer of save_pretrained)
 
 __version__ = LIBRARY_VERSION
+
+
+def __getattr__(name: str):
+    if name == "ADAPTERS":  # the model-family table's name until 0.x; "adapter" now means only a PEFT adapter
+        import warnings
+
+        warnings.warn("hf_posenc.ADAPTERS is now hf_posenc.FAMILIES (the model families hf-posenc patches); the old "
+                      "name will be removed", FutureWarning, stacklevel=2)
+        return FAMILIES
+    raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")
 
 
 def _guard_peft() -> None:
@@ -49,7 +59,7 @@ def _guard_peft() -> None:
 _guard_peft()
 
 __all__ = [
-    "patch_model", "get_scheme", "export_stock", "export_gguf", "push_to_hub", "make_scheme", "SCHEMES", "ADAPTERS",
+    "patch_model", "get_scheme", "export_stock", "export_gguf", "push_to_hub", "make_scheme", "SCHEMES", "FAMILIES",
     "SchemeConfig",
     "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "TAPAConfig", "TAPEConfig", "FORMAT_VERSION", "__version__",
 ]

@@ -28,7 +28,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
 from .io_atomic import atomic_dir
-from .patches import adapter_for
+from .patches import family_for
 from .patching import check_patchable, scheme_record
 from .record import RECORD_KEY
 from .schemes.base import FrequencySchemeConfig
@@ -102,7 +102,7 @@ def stock_config(model_or_config: Any) -> Any:
             f"scheme {record.scheme.name!r} changes attention itself and has no stock Transformers equivalent; "
             "publish it with `save_pretrained` (loads with hf-posenc installed)."
         )
-    adapter = adapter_for(config.model_type)
+    family = family_for(config.model_type)
     rope = config.rope_parameters
     nested = config.nested_rope_parameter_keys(rope)
     if nested:
@@ -113,8 +113,8 @@ def stock_config(model_or_config: Any) -> Any:
     for key in (RECORD_KEY, "model_type", "transformers_version", "architectures", "auto_map"):
         values.pop(key, None)
     values["rope_parameters"] = rope
-    stock = adapter.stock_config_class.from_dict(values)
-    stock.architectures = [adapter.stock_model_class.__name__]
+    stock = family.stock_config_class.from_dict(values)
+    stock.architectures = [family.stock_model_class.__name__]
     return stock
 
 

@@ -45,7 +45,7 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
 from .export import frequency_factors
-from .patches import adapter_for
+from .patches import family_for
 from .patching import check_patchable, scheme_record
 from .schemes.base import FrequencySchemeConfig
 from .schemes.base import head_dim as config_head_dim
@@ -71,7 +71,7 @@ def _refuse(message: str) -> ValueError:
 
 def llama_cpp_arch(config: Any) -> str:
     """The llama.cpp architecture a model exports to, or a ``ValueError`` saying why it cannot carry the scheme."""
-    stock_type = adapter_for(config.model_type).stock_model_type
+    stock_type = family_for(config.model_type).stock_model_type
     if stock_type in NO_ROPE_FREQS:
         raise _refuse(
             f"llama.cpp runs {stock_type} models as its {NO_ROPE_FREQS[stock_type]!r} architecture, which does not "

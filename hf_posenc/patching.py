@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .patches import adapter_for, check_scheme
-from .patches.base import FamilyAdapter, required_attn_implementation
+from .patches import family_for, check_scheme
+from .patches.base import Family, required_attn_implementation
 from .patches.derive import FamilyRefused
 from .record import RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
@@ -63,9 +63,9 @@ def _layer_rope_parameters(config: Any) -> list[dict[str, Any]]:
     return [rope[k] for k in nested if rope[k] is not None] if nested else [rope]
 
 
-def family_refusal(adapter: FamilyAdapter, model: nn.Module, scheme: SchemeConfig) -> str | None:
-    """Why ``model`` (of ``adapter``'s family) cannot take ``scheme``, or ``None``. Checks the rope parameters of
-    the loaded config (the class-level checks ran when the adapter was derived)."""
+def family_refusal(family: Family, model: nn.Module, scheme: SchemeConfig) -> str | None:
+    """Why ``model`` (of ``family``) cannot take ``scheme``, or ``None``. Checks the rope parameters of
+    the loaded config (the class-level checks ran when the family was derived)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     config = model.config
@@ -173,19 +173,19 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     config_scheme = make_scheme(scheme, **options)
     check_patchable(model)
     config = model.config
-    adapter = adapter_for(config.model_type)
-    check_scheme(adapter, config_scheme.name)
-    reason = family_refusal(adapter, model, config_scheme)
+    family = family_for(config.model_type)
+    check_scheme(family, config_scheme.name)
+    reason = family_refusal(family, model, config_scheme)
     if reason is not None:
         raise FamilyRefused(
-            f"{config_scheme.name} cannot be applied to this {adapter.stock_model_type!r} model: {reason}. See "
+            f"{config_scheme.name} cannot be applied to this {family.stock_model_type!r} model: {reason}. See "
             "`hf-posenc families` for the families and schemes verified."
         )
     # CoPE's and p-RoPE's counts are over the rotated frequency pairs (partial rotary rotates a fraction of a
     # head); TAPA splits whole heads.
     current = scheme_record(config)
     stock_rope = config.rope_parameters if current is None else current.original_rope_parameters
-    keys = adapter.rope_layer_keys(config, config_scheme.frequency_scheme().layers)
+    keys = family.rope_layer_keys(config, config_scheme.frequency_scheme().layers)
     dims = [config_head_dim(config)] if config_scheme.name == "tapa" else [
         rotary_dim(config, stock_rope if k is None else stock_rope[k]) for k in keys
     ]
@@ -208,7 +208,7 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
 
     frequencies = config_scheme.frequency_scheme()
     rope_parameters = copy.deepcopy(original)
-    for key in adapter.rope_layer_keys(config, frequencies.layers):
+    for key in family.rope_layer_keys(config, frequencies.layers):
         layer = original if key is None else original[key]
         new = frequencies.rope_parameters(layer, rotary_dim(config, layer),
                                           getattr(config, "max_position_embeddings", None))
@@ -218,11 +218,11 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
             rope_parameters = new
         else:
             rope_parameters[key] = new
-    record = SchemeRecord(config_scheme, adapter.stock_model_type, original).to_dict()
+    record = SchemeRecord(config_scheme, family.stock_model_type, original).to_dict()
 
     # Dry run on a copy: validation and the new rotary modules must succeed before the model is touched.
     candidate = copy.deepcopy(config)
-    candidate.__class__ = adapter.config_class
+    candidate.__class__ = family.config_class
     candidate.rope_parameters = rope_parameters
     setattr(candidate, RECORD_KEY, record)
     candidate.validate_rope()
@@ -230,14 +230,14 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
         rotaries = [(parent, name, _rebuild_rotary(old, candidate)) for parent, name, old in _rotary_modules(model)]
 
     previous_attn = required_attn_implementation(config)
-    config.__class__ = adapter.config_class
+    config.__class__ = family.config_class
     config.rope_parameters = rope_parameters
     setattr(config, RECORD_KEY, record)
     for parent, name, module in rotaries:
         module.config = config
         setattr(parent, name, module)
-    if type(model) is adapter.stock_model_class:
-        model.__class__ = adapter.model_class
+    if type(model) is family.stock_model_class:
+        model.__class__ = family.model_class
     if current is not None:
         current.scheme.uninstall(model)
     config_scheme.install(model)

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .patches import adapter_for
+from .patches import family_for
 from .patches.base import register_publisher
 from .record import LIBRARY_VERSION
 
@@ -60,10 +60,10 @@ def _flatten_imports(source: str, module: str, is_package: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _entry(adapter: Any) -> str:
-    config_cls, model_cls = adapter.stock_config_class.__name__, adapter.stock_model_class.__name__
-    prefix = adapter.config_class.__name__.removesuffix("PosencConfig")
-    config_mod, model_mod = adapter.stock_config_class.__module__, adapter.stock_model_class.__module__
+def _entry(family: Any) -> str:
+    config_cls, model_cls = family.stock_config_class.__name__, family.stock_model_class.__name__
+    prefix = family.config_class.__name__.removesuffix("PosencConfig")
+    config_mod, model_mod = family.stock_config_class.__module__, family.stock_model_class.__module__
     return f'''"""Loads this hf-posenc checkpoint without hf-posenc installed:
 ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
 
@@ -84,22 +84,22 @@ register_tapa_attention()
 register_tape_attention()
 
 _FAMILY = make_family({config_cls}, {model_cls}, __name__, name_prefix={prefix!r})
-{adapter.config_class.__name__} = _FAMILY.config_class
-{adapter.model_class.__name__} = _FAMILY.model_class
+{family.config_class.__name__} = _FAMILY.config_class
+{family.model_class.__name__} = _FAMILY.model_class
 '''
 
 
-def write_remote_code(directory: str | os.PathLike, adapter: Any) -> dict[str, str]:
+def write_remote_code(directory: str | os.PathLike, family: Any) -> dict[str, str]:
     """Write the remote-code files into ``directory`` and add ``auto_map`` to its ``config.json``."""
     directory = Path(directory)
     for module in BUNDLE:
         source, is_package = _source(module)
         header = f"# hf-posenc {LIBRARY_VERSION}: {PACKAGE}/{module.replace('.', '/')}{'/__init__' if is_package else ''}.py\n"
         (directory / f"{flat_name(module)}.py").write_text(header + _flatten_imports(source, module, is_package))
-    (directory / f"{ENTRY}.py").write_text(_entry(adapter))
+    (directory / f"{ENTRY}.py").write_text(_entry(family))
     auto_map = {
-        "AutoConfig": f"{ENTRY}.{adapter.config_class.__name__}",
-        "AutoModelForCausalLM": f"{ENTRY}.{adapter.model_class.__name__}",
+        "AutoConfig": f"{ENTRY}.{family.config_class.__name__}",
+        "AutoModelForCausalLM": f"{ENTRY}.{family.model_class.__name__}",
     }
     config_path = directory / "config.json"
     config = json.loads(config_path.read_text())
@@ -109,7 +109,7 @@ def write_remote_code(directory: str | os.PathLike, adapter: Any) -> dict[str, s
 
 
 def _write_for(directory: str | os.PathLike, config: Any) -> None:
-    write_remote_code(directory, adapter_for(config.model_type))
+    write_remote_code(directory, family_for(config.model_type))
 
 
 register_publisher("remote_code", _write_for)

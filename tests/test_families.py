@@ -15,7 +15,7 @@ import transformers
 import hf_posenc
 from family_matrix import RELOAD_ATOL, check_family, input_ids, logits, patched_for_round_trip, stock_model, universe
 from fresh import jobs_for, load_in_fresh_process
-from hf_posenc.patches import FamilyRefused, adapter_for
+from hf_posenc.patches import FamilyRefused, family_for
 from hf_posenc.patches.table import SCHEMES, load_table, verified_types
 
 TABLE = load_table()
@@ -105,9 +105,9 @@ def test_every_verified_family_loads_in_a_fresh_process(tmp_path):
 
 def test_refusals_name_the_reason_and_the_families_that_work():
     with pytest.raises(FamilyRefused, match=r"'gpt2'.*(no rotary|rope_parameters).*verified.*mistral"):
-        adapter_for("gpt2")
+        family_for("gpt2")
     with pytest.raises(FamilyRefused, match=r"'nonexistent_type'.*not a model type"):
-        adapter_for("nonexistent_type")
+        family_for("nonexistent_type")
     model = stock_model("gemma2")
     assert model.config.attn_logit_softcapping is not None
     before = copy.deepcopy(model.config.to_dict())

@@ -1,6 +1,6 @@
-"""Family adapters: derived at first use from Transformers' Auto mappings (:mod:`.derive`).
+"""Model families: derived at first use from Transformers' Auto mappings (:mod:`.derive`).
 
-:data:`ADAPTERS` maps a stock model type to its adapter and fills itself on lookup; :func:`adapter_for` accepts a
+:data:`FAMILIES` maps a stock model type to its family and fills itself on lookup; :func:`family_for` accepts a
 stock or patched type. Adding a Transformers family needs no code; what differs per family is :data:`OVERRIDES`
 (notes, and the schemes a family cannot take with the reason). Loading a patched checkpoint (model type
 ``hf_posenc_<type>``) derives its family when Transformers looks the type up (see :func:`install_lookup`).
@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from .base import MODEL_TYPE_PREFIX, FamilyAdapter
+from .base import MODEL_TYPE_PREFIX, Family
 from .derive import FamilyRefused, derive, static_refusal, stock_type_of
 from .table import verified_types
 
@@ -65,14 +65,14 @@ OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
-class _Adapters(Mapping[str, FamilyAdapter]):
-    """Stock model type -> adapter, derived and cached at first lookup. Iterating lists the adapters built so
+class _Families(Mapping[str, Family]):
+    """Stock model type -> family, derived and cached at first lookup. Iterating lists the families built so
     far; :func:`hf_posenc.patches.table.verified_types` lists the families the test matrix verified."""
 
     def __init__(self) -> None:
-        self._built: dict[str, FamilyAdapter] = {}
+        self._built: dict[str, Family] = {}
 
-    def __getitem__(self, model_type: str) -> FamilyAdapter:
+    def __getitem__(self, model_type: str) -> Family:
         if model_type not in self._built:
             if model_type.startswith(MODEL_TYPE_PREFIX):
                 raise KeyError(model_type)
@@ -95,33 +95,33 @@ class _Adapters(Mapping[str, FamilyAdapter]):
         return model_type in self._built or static_refusal(model_type) is None
 
 
-ADAPTERS = _Adapters()
+FAMILIES = _Families()
 
 
-class _PatchedTypes(Mapping[str, FamilyAdapter]):
-    """Patched model type (``hf_posenc_<type>``) -> adapter, through :data:`ADAPTERS`."""
+class _PatchedTypes(Mapping[str, Family]):
+    """Patched model type (``hf_posenc_<type>``) -> family, through :data:`FAMILIES`."""
 
-    def __getitem__(self, model_type: str) -> FamilyAdapter:
+    def __getitem__(self, model_type: str) -> Family:
         if not model_type.startswith(MODEL_TYPE_PREFIX):
             raise KeyError(model_type)
-        return ADAPTERS[stock_type_of(model_type)]
+        return FAMILIES[stock_type_of(model_type)]
 
     def __iter__(self) -> Iterator[str]:
-        return iter([a.model_type for a in ADAPTERS.values()])
+        return iter([a.model_type for a in FAMILIES.values()])
 
     def __len__(self) -> int:
-        return len(ADAPTERS)
+        return len(FAMILIES)
 
 
 PATCHED_TYPES = _PatchedTypes()
 
 
-def adapter_for(model_type: str) -> FamilyAdapter:
-    """The adapter of a stock or patched model type; a type hf-posenc cannot patch is a :class:`FamilyRefused`
+def family_for(model_type: str) -> Family:
+    """The family of a stock or patched model type; a type hf-posenc cannot patch is a :class:`FamilyRefused`
     error (a ``ValueError``) that names the reason and the families the test matrix verified."""
     stock = stock_type_of(model_type)
     try:
-        return ADAPTERS[stock]
+        return FAMILIES[stock]
     except KeyError:
         reason = static_refusal(stock)
     raise FamilyRefused(
@@ -130,13 +130,13 @@ def adapter_for(model_type: str) -> FamilyAdapter:
     )
 
 
-def check_scheme(adapter: FamilyAdapter, scheme: str) -> None:
+def check_scheme(family: Family, scheme: str) -> None:
     """Raise :class:`FamilyRefused` when the family cannot take ``scheme``, naming the reason and the families
     the test matrix verified with it."""
-    reason = adapter.refusals.get(scheme)
+    reason = family.refusals.get(scheme)
     if reason is not None:
         raise FamilyRefused(
-            f"{scheme} cannot be applied to model type {adapter.stock_model_type!r}: {reason}. Families verified "
+            f"{scheme} cannot be applied to model type {family.stock_model_type!r}: {reason}. Families verified "
             f"with {scheme}: {verified_types(scheme)} (see `hf-posenc families`)."
         )
 
@@ -149,7 +149,7 @@ class _DerivingContent(dict):
         if not isinstance(key, str) or not key.startswith(MODEL_TYPE_PREFIX) or dict.__contains__(self, key):
             return dict.__contains__(self, key)
         try:
-            adapter_for(key)  # registers the family (and with it this key)
+            family_for(key)  # registers the family (and with it this key)
         except FamilyRefused:
             return False
         return dict.__contains__(self, key)
@@ -175,4 +175,4 @@ def install_lookup() -> None:
 
 install_lookup()
 
-__all__ = ["ADAPTERS", "OVERRIDES", "PATCHED_TYPES", "FamilyAdapter", "FamilyRefused", "adapter_for", "check_scheme"]
+__all__ = ["FAMILIES", "OVERRIDES", "PATCHED_TYPES", "Family", "FamilyRefused", "family_for", "check_scheme"]

@@ -117,7 +117,7 @@ def register_publisher(name: str, fn: Callable[..., Any]) -> None:
 
 
 @dataclass
-class FamilyAdapter:
+class Family:
     """One supported model family: its stock classes, its patched classes, and what differs.
 
     Attributes:
@@ -192,4 +192,4 @@ def make_family(stock_config_class: type, stock_model_class: type, module: str, 
     )
     AutoConfig.register(config_class.model_type, config_class, exist_ok=True)
     AutoModelForCausalLM.register(config_class, model_class, exist_ok=True)
-    return FamilyAdapter(stock_config_class, stock_model_class, config_class, model_class, notes or [])
+    return Family(stock_config_class, stock_model_class, config_class, model_class, notes or [])

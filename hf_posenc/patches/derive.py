@@ -1,4 +1,4 @@
-"""Family adapters derived from Transformers' own tables instead of a file per family.
+"""Model families derived from Transformers' own tables instead of a file per family.
 
 A model type is derivable when Transformers' Auto mappings give it a config class and a causal-LM class, the config
 declares ``rope_parameters`` (so its rotary module is built from ``ROPE_INIT_FUNCTIONS``) and its modeling module
@@ -16,7 +16,7 @@ import inspect
 import sys
 from typing import Any
 
-from .base import MODEL_TYPE_PREFIX, FamilyAdapter, make_family
+from .base import MODEL_TYPE_PREFIX, Family, make_family
 
 # Rotary modules of other modalities (vision towers, audio encoders) never carry the text positions.
 NON_TEXT_ROTARY = ("Vision", "Audio", "Visual", "Speech")
@@ -86,18 +86,18 @@ def static_refusal(model_type: str) -> str | None:
     return None
 
 
-def derive(model_type: str, notes: list[str] | None = None, refusals: dict[str, str] | None = None) -> FamilyAdapter:
+def derive(model_type: str, notes: list[str] | None = None, refusals: dict[str, str] | None = None) -> Family:
     """Build and register the patched classes of a derivable stock model type (raises :class:`FamilyRefused`)."""
     reason = static_refusal(model_type)
     if reason is not None:
         raise FamilyRefused(f"hf-posenc cannot patch model type {model_type!r}: {reason}.")
     config_class, model_class = stock_classes(model_type)
     module = sys.modules[__name__]
-    adapter = make_family(config_class, model_class, __name__, notes, name_prefix=_prefix(config_class, model_class))
-    for cls in (adapter.config_class, adapter.model_class):
+    family = make_family(config_class, model_class, __name__, notes, name_prefix=_prefix(config_class, model_class))
+    for cls in (family.config_class, family.model_class):
         setattr(module, cls.__name__, cls)  # reachable as hf_posenc.patches.derive.<name> (pickling, repr)
-    adapter.refusals.update(refusals or {})
-    return adapter
+    family.refusals.update(refusals or {})
+    return family
 
 
 def _prefix(config_class: type, model_class: type) -> str:

@@ -313,7 +313,8 @@ def _checkpoint_step(path: str) -> int:
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     """The newest ``checkpoint-N`` with a ``trainer_state.json`` (the Trainer writes it last, so a run killed
-    while saving leaves an incomplete directory that is skipped)."""
+    while saving leaves an incomplete directory that is skipped). Not ``transformers.trainer_utils.
+    get_last_checkpoint``, which returns the newest directory even when its save was interrupted."""
     out = Path(output_dir)
     if not out.is_dir():
         return None
