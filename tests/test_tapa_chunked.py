@@ -349,16 +349,17 @@ def test_cpu_dispatch_runs_the_chunked_path(monkeypatch):
     import hf_posenc.kernels.tapa as tapa_kernels
 
     calls = []
+    real = tapa_kernels.tapa_attention_chunked.with_args
 
-    def spy(*args, **kwargs):
-        calls.append(kwargs)
-        return tapa_attention_chunked(*args, **kwargs)
+    def spy(q, k, v, args, **kwargs):  # the dispatcher hands over the options it validated
+        calls.append(args)
+        return real(q, k, v, args, **kwargs)
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr(tapa_kernels, "tapa_attention_chunked", spy)
+    monkeypatch.setattr(tapa_kernels.tapa_attention_chunked, "with_args", spy)
     q, k, v = _qkv(1, 2, 1, 5, 5, 8, dtype=torch.float32, seed=52)
     out = tapa_attention(q, k, v, sliding_window=3)
-    assert len(calls) == 1 and calls[0]["sliding_window"] == 3
+    assert len(calls) == 1 and calls[0].sliding_window == 3
     torch.testing.assert_close(out, tapa_attention_reference(q, k, v, sliding_window=3), atol=1e-5, rtol=1e-5)
 
 

@@ -504,6 +504,11 @@ def test_dispatch(monkeypatch):
             calls.append(name)
             return real(*args, **kwargs)
 
+        def with_args(*args, **kwargs):  # the dispatcher hands over the options it validated
+            calls.append(name)
+            return real.with_args(*args, **kwargs)
+
+        wrapped.with_args = with_args
         monkeypatch.setattr(tapa_ops, name, wrapped)
 
     for name in ("tapa_attention_triton", "tapa_attention_chunked", "tapa_attention_reference"):

@@ -1,4 +1,6 @@
-"""Positional-encoding schemes: one module per scheme, each with a typed config dataclass."""
+"""Positional-encoding schemes (imports only :mod:`hf_posenc.kernels`): one module per scheme with its typed config
+dataclass and its Transformers glue (rope init functions, attention and mask functions, install/uninstall on a
+model); :data:`SCHEMES` and :func:`make_scheme` are the registry the rest of the package reads."""
 
 from __future__ import annotations
 

@@ -24,7 +24,7 @@ import os
 import torch
 
 from .chunked import tapa_attention_chunked
-from .naive import tapa_attention_reference, tapa_split, validate_tapa_args
+from .naive import TapaArgs, tapa_attention_reference, tapa_op, tapa_split, validate_tapa_args
 
 try:
     from .triton_tapa import tapa_attention_triton
@@ -59,32 +59,13 @@ def uses_triton(q: torch.Tensor) -> bool:
     return q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-def tapa_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    alpha: float = 0.1,
-    theta: float = 0.5,
-    phase: str = "quadratic",
-    causal: bool = True,
-    q_positions: torch.Tensor | None = None,
-    k_positions: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    q_segment_ids: torch.Tensor | None = None,
-    k_segment_ids: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
+@tapa_op
+def tapa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs) -> torch.Tensor:
     """TAPA attention (eq. 12, or eq. 16 with phase="linear"): Triton kernel on CUDA / under the interpreter
     (not for float64, which the kernel does not take), the chunked path on CPU, the eager reference on other
-    devices."""
-    kwargs = dict(
-        alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions, k_positions=k_positions,
-        key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids, k_segment_ids=k_segment_ids,
-        sliding_window=sliding_window,
-    )
-    if isinstance(q, torch.Tensor) and uses_triton(q) and q.dtype != torch.float64:
-        return tapa_attention_triton(q, k, v, **kwargs)
-    if isinstance(q, torch.Tensor) and q.device.type == "cpu":
-        return tapa_attention_chunked(q, k, v, **kwargs)
-    return tapa_attention_reference(q, k, v, **kwargs)
+    devices. Options: :func:`validate_tapa_args`."""
+    if uses_triton(q) and q.dtype != torch.float64:
+        return tapa_attention_triton.with_args(q, k, v, args)
+    if q.device.type == "cpu":
+        return tapa_attention_chunked.with_args(q, k, v, args)
+    return tapa_attention_reference.with_args(q, k, v, args)

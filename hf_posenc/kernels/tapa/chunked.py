@@ -42,7 +42,7 @@ from typing import Iterator
 import torch
 
 from ..cpu_parallel import run_tasks, single_threaded
-from .naive import TapaArgs, validate_tapa_args
+from .naive import TapaArgs, tapa_op
 
 TWO_PI = 2.0 * math.pi
 LOG2E = 1.0 / math.log(2.0)  # scores are kept in base 2 (exp2 is several times faster than exp on CPU)
@@ -496,24 +496,9 @@ class _ChunkedTapa(torch.autograd.Function):
         return dq, dk, dv.to(v.dtype), None
 
 
-def tapa_attention_chunked(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    alpha: float = 0.1,
-    theta: float = 0.5,
-    phase: str = "quadratic",
-    causal: bool = True,
-    q_positions: torch.Tensor | None = None,
-    k_positions: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    q_segment_ids: torch.Tensor | None = None,
-    k_segment_ids: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-    block_q: int | None = None,
-    block_k: int | None = None,
-) -> torch.Tensor:
+@tapa_op
+def tapa_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, *,
+                           block_q: int | None = None, block_k: int | None = None) -> torch.Tensor:
     """TAPA attention (eq. 12, or eq. 16 with phase="linear") in query × key blocks with an online softmax.
 
     Same contract as :func:`tapa_attention_reference` (q [B, Hq, Lq, D], k/v [B, Hkv, Lk, D], queries are the
@@ -521,13 +506,9 @@ def tapa_attention_chunked(
     Differentiable in q, k, v with a recomputing backward (positions, masks and segment ids are not).
     `block_q` / `block_k` (tokens per block) override the defaults (128 queries; keys a multiple of that, so
     that a block holds about 2^19 scores over all heads). Written for CPU, where it is the default of
-    `tapa_attention`; the ops are plain PyTorch, so it also runs on other devices.
+    `tapa_attention`; the ops are plain PyTorch, so it also runs on other devices. Options:
+    :func:`~hf_posenc.kernels.tapa.naive.validate_tapa_args`.
     """
-    args = validate_tapa_args(
-        q, k, v, alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions,
-        k_positions=k_positions, key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids,
-        k_segment_ids=k_segment_ids, sliding_window=sliding_window,
-    )
     with single_threaded() if is_small(q, k) else contextlib.nullcontext():  # the planning's small ops too
         plan = _Plan(q, k, args, block_q, block_k)
     return _ChunkedTapa.apply(q, k, v, plan)

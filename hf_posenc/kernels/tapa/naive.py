@@ -29,9 +29,12 @@ Conventions shared with the kernel:
 
 from __future__ import annotations
 
+import functools
+import inspect
 import math
 import numbers
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -117,18 +120,19 @@ def validate_tapa_args(
     k: torch.Tensor,
     v: torch.Tensor,
     *,
-    alpha: float,
-    theta: float,
-    phase: str,
-    causal: bool,
-    q_positions: torch.Tensor | None,
-    k_positions: torch.Tensor | None,
-    key_padding_mask: torch.Tensor | None,
-    q_segment_ids: torch.Tensor | None,
-    k_segment_ids: torch.Tensor | None,
+    alpha: float = 0.1,
+    theta: float = 0.5,
+    phase: str = "quadratic",
+    causal: bool = True,
+    q_positions: torch.Tensor | None = None,
+    k_positions: torch.Tensor | None = None,
+    key_padding_mask: torch.Tensor | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    k_segment_ids: torch.Tensor | None = None,
     sliding_window: int | None = None,
 ) -> TapaArgs:
-    """Check shapes, dtypes and options; fill in default positions. Raises TypeError / ValueError.
+    """Check shapes, dtypes and options; fill in default positions. Raises TypeError / ValueError. The one
+    definition of TAPA's options and their defaults: every implementation takes them through :func:`tapa_op`.
 
     sliding_window must be None or an int >= 1 (a bool or float raises TypeError, <= 0 ValueError)."""
     for name, t in (("q", q), ("k", k), ("v", v)):
@@ -231,6 +235,29 @@ def visibility_mask(args: TapaArgs, Lq: int, Lk: int, device: torch.device) -> t
     return mask
 
 
+TAPA_OPTIONS = tuple(inspect.signature(validate_tapa_args).parameters)[3:]
+
+
+def tapa_op(impl: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """Give a TAPA implementation ``impl(q, k, v, args, *, own...)`` the public signature ``(q, k, v, *,
+    alpha=0.1, theta=0.5, phase="quadratic", causal=True, q_positions=None, k_positions=None,
+    key_padding_mask=None, q_segment_ids=None, k_segment_ids=None, sliding_window=None, own...)``: the options are
+    validated once into a :class:`TapaArgs` by :func:`validate_tapa_args` and the implementation's own keywords
+    are passed on. ``op.with_args(q, k, v, args, ...)`` runs it on already validated options (the dispatcher)."""
+    own = list(inspect.signature(impl).parameters.values())[4:]
+
+    @functools.wraps(impl)
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **kwargs) -> torch.Tensor:
+        options = {name: kwargs.pop(name) for name in TAPA_OPTIONS if name in kwargs}
+        return impl(q, k, v, validate_tapa_args(q, k, v, **options), **kwargs)
+
+    op.__signature__ = inspect.signature(validate_tapa_args).replace(
+        parameters=list(inspect.signature(validate_tapa_args).parameters.values()) + own,
+        return_annotation="torch.Tensor")
+    op.with_args = impl
+    return op
+
+
 def tapa_scores(
     q: torch.Tensor, k: torch.Tensor, args: TapaArgs, compute_dtype: torch.dtype = torch.float32
 ) -> torch.Tensor:
@@ -255,34 +282,15 @@ def tapa_scores(
     return c_a * amp * torch.cos(2.0 * math.pi * r)
 
 
-def tapa_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    alpha: float = 0.1,
-    theta: float = 0.5,
-    phase: str = "quadratic",
-    causal: bool = True,
-    q_positions: torch.Tensor | None = None,
-    k_positions: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    q_segment_ids: torch.Tensor | None = None,
-    k_segment_ids: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-) -> torch.Tensor:
+@tapa_op
+def tapa_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs) -> torch.Tensor:
     """TAPA attention, eq. (12) (phase="quadratic") or eq. (16) (phase="linear"), in eager PyTorch.
 
     Materialises the [B, Hq, Lq, Lk] score matrix in fp32 (float64 for float64 inputs) and is
     differentiable in q, k, v. `sliding_window` (int >= 1 or None) restricts query i to keys j with
     i + (Lk − Lq) − j < sliding_window. Returns [B, Hq, Lq, D] in q's dtype; rows without any visible
-    key are 0.
+    key are 0. Options: :func:`validate_tapa_args`.
     """
-    args = validate_tapa_args(
-        q, k, v, alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions,
-        k_positions=k_positions, key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids,
-        k_segment_ids=k_segment_ids, sliding_window=sliding_window,
-    )
     compute = torch.float64 if q.dtype == torch.float64 else torch.float32
     Lq, Lk = q.shape[2], k.shape[2]
     s = tapa_scores(q, k, args, compute)

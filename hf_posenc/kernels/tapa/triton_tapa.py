@@ -74,7 +74,7 @@ from .._triton import (
     strides,
     visible,
 )
-from .naive import TapaArgs, validate_tapa_args
+from .naive import TapaArgs, tapa_op, validate_tapa_args
 
 DECODE_MAX_LQ = 16
 # shape, window and mask-presence arguments vary from call to call: one binary serves them all
@@ -785,23 +785,9 @@ class _TapaFunction(torch.autograd.Function):
         return plan.finish(), plan.dk, plan.dv, None, None
 
 
-def tapa_attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    *,
-    alpha: float = 0.1,
-    theta: float = 0.5,
-    phase: str = "quadratic",
-    causal: bool = True,
-    q_positions: torch.Tensor | None = None,
-    k_positions: torch.Tensor | None = None,
-    key_padding_mask: torch.Tensor | None = None,
-    q_segment_ids: torch.Tensor | None = None,
-    k_segment_ids: torch.Tensor | None = None,
-    sliding_window: int | None = None,
-    deterministic: bool | None = None,
-) -> torch.Tensor:
+@tapa_op
+def tapa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, *,
+                          deterministic: bool | None = None) -> torch.Tensor:
     """TAPA attention (eq. 12 / eq. 16) with the fused Triton kernels; same contract as the reference.
 
     `sliding_window` (int >= 1 or None): query i sees key j only if i + (Lk − Lq) − j < sliding_window;
@@ -815,12 +801,8 @@ def tapa_attention_triton(
     dims <= 128, see `tiles`) the backward computes every score's cos/sin once and adds dQ atomically in fp32,
     so gradients vary from run to run within fp32 rounding, as FlashAttention-2's do; True always runs the
     two-kernel backward (a separate dQ kernel recomputes the scores), which is bitwise reproducible.
+    Options: :func:`~hf_posenc.kernels.tapa.naive.validate_tapa_args`.
     """
-    args = validate_tapa_args(
-        q, k, v, alpha=alpha, theta=theta, phase=phase, causal=causal, q_positions=q_positions,
-        k_positions=k_positions, key_padding_mask=key_padding_mask, q_segment_ids=q_segment_ids,
-        k_segment_ids=k_segment_ids, sliding_window=sliding_window,
-    )
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"the Triton TAPA kernel takes float16/bfloat16/float32 inputs, got {q.dtype}; "
                         "use tapa_attention_reference for float64")
