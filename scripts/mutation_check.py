@@ -206,8 +206,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tapa-fused-backward-drops-the-phase-part-of-dq", "hf_posenc/kernels/tapa/triton_tapa.py",
-        "            phase = acc[..., da:] * c_phase",
-        "            phase = acc[..., da:] * 0.0",
+        "            acc[..., da:] *= c_phase",
+        "            acc[..., da:] *= 0.0",
         ("tests/test_tapa_kernel.py::test_kernel_matches_reference[gqa2-causal-37-fused-bwd]",),
         "the fused backward's dQ carries the chain rule through the phase product (−2π·c_A·Σ dS·g_P·k_P)",
     ),

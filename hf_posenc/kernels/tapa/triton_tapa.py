@@ -631,13 +631,15 @@ class _Inputs:
     def common(self, args: TapaArgs, target: Target) -> dict:
         """Arguments every TAPA kernel takes (tag pointers are never read without tags: has_tags = 0, row-sum
         pointers never without the linear phase)."""
-        q_sum = self.q_psum if self.q_psum is not None else self.q_pos  # never read without the linear phase
-        k_sum = self.k_psum if self.k_psum is not None else self.k_pos
+        if args.linear:
+            sums = dict(QSUM=self.q_psum, KSUM=self.k_psum,
+                        **dict(zip(("stride_sqb", "stride_sqh"), self.q_psum.stride())),
+                        **dict(zip(("stride_skb", "stride_skh"), self.k_psum.stride())))
+        else:  # never read without the linear phase
+            sums = dict(QSUM=self.q_pos, KSUM=self.k_pos, stride_sqb=0, stride_sqh=0, stride_skb=0, stride_skh=0)
         return dict(QPOS=self.q_pos, KPOS=self.k_pos,
                     QTAG=self.q_tag if self.q_tag is not None else self.q_pos.view(torch.int32),
-                    KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32),
-                    QSUM=q_sum, KSUM=k_sum, stride_sqb=q_sum.stride(0), stride_sqh=q_sum.stride(1) * args.linear,
-                    stride_skb=k_sum.stride(0), stride_skh=k_sum.stride(1) * args.linear,
+                    KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32), **sums,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
                     alpha=args.alpha, log2_cp=self.log2_cp,
                     DA=args.amp_dims, BDA=pow2(args.amp_dims), DP=args.phase_dims, BDP=pow2(args.phase_dims),
@@ -710,13 +712,13 @@ class BackwardPlan:
         if self.dq_scale is None:
             return self.dq
         da, c_amp, c_phase, linear = self.dq_scale
-        acc = self.dq
-        amp = acc[..., :da] * c_amp
+        acc = self.dq  # the fp32 buffer this backward owns: scaled in place
+        acc[..., :da] *= c_amp
         if linear:
-            phase = (acc[..., da:da + 1] * c_phase).expand(*acc.shape[:-1], acc.shape[-1] - da)
+            acc[..., da:] = acc[..., da:da + 1] * c_phase
         else:
-            phase = acc[..., da:] * c_phase
-        return torch.cat([amp, phase], -1).to(self.dq_dtype)
+            acc[..., da:] *= c_phase
+        return acc.to(self.dq_dtype)
 
 
 def plan_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
