@@ -8,21 +8,17 @@ model.save_pretrained("out")                        # the scheme is recorded in 
 AutoModelForCausalLM.from_pretrained("out")         # patched again (after `import hf_posenc`)
 ```
 
-Importing the package registers the CoPE/HardClip rope types and the patched model types with Transformers.
+Importing the package registers every scheme's rope types and attention functions and the patched model types
+with Transformers.
 """
 
 from .record import FORMAT_VERSION, LIBRARY_VERSION
 from .schemes import (
     SCHEMES, CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig, SchemeConfig, TAPAConfig, TAPEConfig,
-    make_scheme,
+    make_scheme, on_register, register_scheme, register_with_transformers,
 )
-from .schemes.cope import register_rope_types
-from .schemes.tapa import register_tapa_attention
-from .schemes.tape import register_tape_attention
 
-register_rope_types()
-register_tapa_attention()
-register_tape_attention()
+on_register(register_with_transformers)  # every scheme's rope types and attention, and those registered later
 
 from .patches import FAMILIES  # noqa: E402  (registers the patched model types)
 from .patching import get_scheme, patch_model  # noqa: E402
@@ -59,7 +55,7 @@ def _guard_peft() -> None:
 _guard_peft()
 
 __all__ = [
-    "patch_model", "get_scheme", "export_stock", "export_gguf", "push_to_hub", "make_scheme", "SCHEMES", "FAMILIES",
-    "SchemeConfig",
+    "patch_model", "get_scheme", "export_stock", "export_gguf", "push_to_hub", "make_scheme", "register_scheme",
+    "SCHEMES", "FAMILIES", "SchemeConfig",
     "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "TAPAConfig", "TAPEConfig", "FORMAT_VERSION", "__version__",
 ]

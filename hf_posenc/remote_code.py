@@ -1,62 +1,123 @@
 """Remote code written into every patched checkpoint, so ``from_pretrained(path, trust_remote_code=True)`` loads it
 where hf-posenc is not installed.
 
-The files are hf-posenc's own modules (the scheme configs, the rope types, the TAPA reference, the TAPE modules,
-the patched classes), copied as they are with their relative imports flattened to the one folder Transformers'
-dynamic modules use, plus a small entry module per model family that ``auto_map`` points to. Nothing is
-generated from templates: what runs remotely is the code the package runs, minus the Triton kernels (the remote
-code uses the readable references).
+The files are hf-posenc's own modules, copied as they are, with their relative imports pointed at the one flat
+folder Transformers' dynamic modules use, plus a small entry module per model family that ``auto_map`` points to.
+Which modules travel is derived, not listed: the patched classes (``patches.base``) and the package of every
+registered scheme (:data:`hf_posenc.schemes.REGISTRY`), closed under their relative imports (read with ``ast``).
+An import inside ``try`` is optional (Transformers' rule for custom code): it is not bundled and points at the
+installed hf-posenc, so the schemes' Triton kernels stay out and the remote code runs the readable references.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .patches import family_for
 from .patches.base import register_publisher
 from .record import LIBRARY_VERSION
+from .schemes import REGISTRY
 
 PACKAGE = "hf_posenc"
 ENTRY = "hf_posenc_remote"
-# The package modules the remote code needs (closed under their relative imports; checked when writing).
-BUNDLE = (
-    "record", "schemes", "schemes.base", "schemes.masks", "schemes.cope", "schemes.prope", "schemes.rope",
-    "schemes.tapa", "schemes.tape", "patches.base", "kernels.tapa.naive", "kernels.tapa.chunked",
-    "kernels.cpu_parallel",
-)
-_RELATIVE = re.compile(r"^(?P<indent>\s*)from\s+(?P<dots>\.+)(?P<rest>[\w.]*)\s+import\s+(?P<names>.+)$")
 _ROOT = Path(__file__).parent
+_FROM = re.compile(r"from\s+\.+[\w.]*\s+import")  # the head of one located ``from .x import`` statement
 
 
 def flat_name(module: str) -> str:
+    """``schemes.tapa.config`` → ``hf_posenc_schemes_tapa_config`` (the file name in the checkpoint)."""
     return f"{PACKAGE}_{module.replace('.', '_')}"
 
 
-def _source(module: str) -> tuple[str, bool]:
+def _path(module: str) -> tuple[Path, bool]:
     path = _ROOT / Path(*module.split("."))
-    if path.is_dir():
-        return (path / "__init__.py").read_text(), True
-    return path.with_suffix(".py").read_text(), False
+    return (path / "__init__.py", True) if path.is_dir() else (path.with_suffix(".py"), False)
 
 
-def _flatten_imports(source: str, module: str, is_package: bool) -> str:
-    """Rewrite ``from .x import y`` / ``from ..x import y`` to ``from .hf_posenc_<x> import y``."""
+@dataclass(frozen=True)
+class _Import:
+    node: ast.ImportFrom
+    target: str  # the imported module, relative to the package root
+    optional: bool  # inside ``try``: may be missing where the remote code runs
+
+
+def _relative_imports(module: str) -> list[_Import]:
+    """The relative ``from … import`` statements of a package module, resolved; anything else that imports
+    hf-posenc (absolute imports, ``from . import submodule``) is refused, since it could not be flattened."""
+    path, is_package = _path(module)
+    tree = ast.parse(path.read_text(), filename=str(path))
     package = module.split(".") if is_package else module.split(".")[:-1]
-    lines = []
-    for line in source.splitlines():
-        match = _RELATIVE.match(line)
-        if match:
-            up = len(match["dots"]) - 1
-            base = package[: len(package) - up] if up else package
-            target = ".".join(base + ([match["rest"]] if match["rest"] else []))
-            if target not in BUNDLE:
-                raise RuntimeError(f"remote code: {module} imports {target!r}, which is not in the bundle.")
-            line = f"{match['indent']}from .{flat_name(target)} import {match['names']}"
-        lines.append(line)
+    found: list[_Import] = []
+
+    def visit(node: ast.AST, optional: bool) -> None:
+        if isinstance(node, ast.Import) and any(a.name.split(".")[0] == PACKAGE for a in node.names):
+            raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports {PACKAGE} absolutely; use a relative "
+                               "import.")
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                if (node.module or "").split(".")[0] == PACKAGE:
+                    raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports {node.module} absolutely; "
+                                       "use a relative import.")
+                return
+            base = package[: len(package) - (node.level - 1)]
+            target = ".".join(base + ([node.module] if node.module else []))
+            if node.module is None and any(_path(f"{target}.{a.name}".lstrip("."))[0].exists() for a in node.names):
+                raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports a submodule with `from . import`;"
+                                   " write `from .<submodule> import <names>`.")
+            found.append(_Import(node, target, optional))
+            return
+        inside_try = isinstance(node, ast.Try)
+        for name, value in ast.iter_fields(node):
+            children = value if isinstance(value, list) else [value]
+            for child in children:
+                if isinstance(child, ast.AST):
+                    visit(child, optional or (inside_try and name == "body"))
+
+    visit(tree, False)
+    return found
+
+
+def bundle(roots: list[str] | None = None) -> tuple[str, ...]:
+    """The modules the remote code carries: ``roots`` (default: ``patches.base`` and every registered hf-posenc
+    scheme's package) and every module they import, except imports inside ``try``."""
+    if roots is None:
+        roots = ["patches.base"] + [s.package.removeprefix(f"{PACKAGE}.") for s in REGISTRY.values()
+                                    if s.package.startswith(f"{PACKAGE}.")]
+    seen: dict[str, None] = {}
+    todo = list(roots)
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen[module] = None
+        todo += [imp.target for imp in _relative_imports(module) if not imp.optional]
+    return tuple(sorted(seen))
+
+
+def _flattened(module: str, modules: tuple[str, ...]) -> str:
+    """The module's source with each relative import pointing at its flat file (``from .hf_posenc_x import``), or,
+    for an optional import of a module that does not travel, at the installed package (``from hf_posenc.x
+    import``)."""
+    path, _ = _path(module)
+    lines = path.read_text().splitlines()
+    for imp in _relative_imports(module):
+        row = imp.node.lineno - 1
+        head = _FROM.match(lines[row], imp.node.col_offset)
+        if head is None:
+            raise RuntimeError(f"remote code: cannot locate the import at {path.name}:{imp.node.lineno}.")
+        if imp.target in modules:
+            new = f"from .{flat_name(imp.target)} import"
+        elif imp.optional:
+            new = f"from {PACKAGE}.{imp.target} import"
+        else:
+            raise RuntimeError(f"remote code: {module} imports {imp.target!r}, which is not bundled.")
+        lines[row] = lines[row][: head.start()] + new + lines[row][head.end():]
     return "\n".join(lines) + "\n"
 
 
@@ -68,20 +129,16 @@ def _entry(family: Any) -> str:
 ``AutoModelForCausalLM.from_pretrained(path, trust_remote_code=True)``.
 
 Written by hf-posenc {LIBRARY_VERSION}; the other ``{PACKAGE}_*.py`` files are its modules, copied unchanged apart from
-flattened imports. With hf-posenc installed, ``import hf_posenc`` loads the checkpoint without remote code.
+their imports. With hf-posenc installed, ``import hf_posenc`` loads the checkpoint without remote code.
 """
 
 from {config_mod} import {config_cls}
 from {model_mod} import {model_cls}
 
 from .{flat_name("patches.base")} import make_family
-from .{flat_name("schemes.cope")} import register_rope_types
-from .{flat_name("schemes.tapa")} import register_tapa_attention
-from .{flat_name("schemes.tape")} import register_tape_attention
+from .{flat_name("schemes")} import register_with_transformers
 
-register_rope_types()
-register_tapa_attention()
-register_tape_attention()
+register_with_transformers()
 
 _FAMILY = make_family({config_cls}, {model_cls}, __name__, name_prefix={prefix!r})
 {family.config_class.__name__} = _FAMILY.config_class
@@ -92,10 +149,11 @@ _FAMILY = make_family({config_cls}, {model_cls}, __name__, name_prefix={prefix!r
 def write_remote_code(directory: str | os.PathLike, family: Any) -> dict[str, str]:
     """Write the remote-code files into ``directory`` and add ``auto_map`` to its ``config.json``."""
     directory = Path(directory)
-    for module in BUNDLE:
-        source, is_package = _source(module)
+    modules = bundle()
+    for module in modules:
+        _, is_package = _path(module)
         header = f"# hf-posenc {LIBRARY_VERSION}: {PACKAGE}/{module.replace('.', '/')}{'/__init__' if is_package else ''}.py\n"
-        (directory / f"{flat_name(module)}.py").write_text(header + _flatten_imports(source, module, is_package))
+        (directory / f"{flat_name(module)}.py").write_text(header + _flattened(module, modules))
     (directory / f"{ENTRY}.py").write_text(_entry(family))
     auto_map = {
         "AutoConfig": f"{ENTRY}.{family.config_class.__name__}",

@@ -74,56 +74,56 @@ class Mutation:
 MUTATIONS: tuple[Mutation, ...] = (
     # -- TAPE (paper §3.2, eq. 6-8) ----------------------------------------------------------------------------
     Mutation(
-        "tape-query-heads-use-the-wrong-kv-state", "hf_posenc/schemes/tape.py",
+        "tape-query-heads-use-the-wrong-kv-state", "hf_posenc/schemes/tape/attention.py",
         "q, k = rotate(q, e).transpose(1, 2), rotate(k, e).transpose(1, 2)",
         "q, k = rotate(q, e.flip(2)).transpose(1, 2), rotate(k, e).transpose(1, 2)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 6 with GQA: query head h must be rotated by the state of its own key/value head h // group",
     ),
     Mutation(
-        "tape-psi-reads-residual-stream", "hf_posenc/schemes/tape.py",
+        "tape-psi-reads-residual-stream", "hf_posenc/schemes/tape/modeling.py",
         "e = tape.mlp_update(tape.attention_update(e, e_tilde), m)",
         "e = tape.mlp_update(tape.attention_update(e, e_tilde), x)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 8: ψ reads the token MLP's output, not the residual stream after it",
     ),
     Mutation(
-        "tape-eq7-removed-state-not-mixed-by-attention", "hf_posenc/schemes/tape.py",
+        "tape-eq7-removed-state-not-mixed-by-attention", "hf_posenc/schemes/tape/modeling.py",
         "e = tape.mlp_update(tape.attention_update(e, e_tilde), m)",
         "e = tape.mlp_update(tape.attention_update(e, e.repeat_interleave(e_tilde.shape[2] // e.shape[2], dim=2)), m)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 7: Ẽ = P·E, not E",
     ),
     Mutation(
-        "tape-updated-state-not-passed-to-the-next-layer", "hf_posenc/schemes/tape.py",
+        "tape-updated-state-not-passed-to-the-next-layer", "hf_posenc/schemes/tape/modeling.py",
         "states = torch.cat([states[:, :, :t], e[:, :, None], states[:, :, t + 1 :]], dim=2)",
         "states = states",
         (f"{TAPE_EQ}::test_model_logits_follow_eq_6_to_8_across_layers",),
         "§3.2: the contextualised state of layer l is the positional encoding of layer l+1",
     ),
     Mutation(
-        "tape-psi-without-silu", "hf_posenc/schemes/tape.py",
+        "tape-psi-without-silu", "hf_posenc/schemes/tape/modeling.py",
         "gate = nn.functional.silu(self.w_psi(mlp_out))",
         "gate = self.w_psi(mlp_out)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 8: ψ is an MLP (silu gate, as in the released code), not a linear map",
     ),
     Mutation(
-        "tape-attention-update-without-residual", "hf_posenc/schemes/tape.py",
+        "tape-attention-update-without-residual", "hf_posenc/schemes/tape/modeling.py",
         "return e + head_map(self.attn_mix) @ e_tilde",
         "return head_map(self.attn_mix) @ e_tilde",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "§3.3: the update is added to E through a residual connection (zero init = the original model)",
     ),
     Mutation(
-        "tape-gemma3-layer-types-share-one-state", "hf_posenc/schemes/tape.py",
+        "tape-gemma3-layer-types-share-one-state", "hf_posenc/schemes/tape/modeling.py",
         "return layer_types.index(config.layer_types[layer_idx]) if len(layer_types) > 1 else 0",
         "return 0",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "Gemma3 sliding and global layers rotate with different bases: each type keeps its own state",
     ),
     Mutation(
-        "tape-sdpa-path-mixes-values-into-the-state", "hf_posenc/schemes/tape.py",
+        "tape-sdpa-path-mixes-values-into-the-state", "hf_posenc/schemes/tape/attention.py",
         "e_tilde, _ = fn(attn, q, k, e, attention_mask, **kwargs)",
         "e_tilde, _ = fn(attn, q, k, v, attention_mask, **kwargs)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
@@ -138,46 +138,46 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     # -- TAPA (paper §3 eq. 12, §4.5 eq. 16) -------------------------------------------------------------------
     Mutation(
-        "tapa-ignores-key-padding", "hf_posenc/schemes/tapa.py",
+        "tapa-ignores-key-padding", "hf_posenc/schemes/tapa/attention.py",
         "key_padding_mask=key_padding, q_segment_ids=segments",
         "key_padding_mask=None, q_segment_ids=segments",
         (f"{TAPA_EQ}::test_left_padding_equals_unpadded_rows",),
         "padded keys must not be attended",
     ),
     Mutation(
-        "tapa-ignores-alpha", "hf_posenc/schemes/tapa.py",
+        "tapa-ignores-alpha", "hf_posenc/schemes/tapa/attention.py",
         'alpha=options["alpha"]', "alpha=0.1",
         (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
         "eq. 12: the distance exponent α is an option",
     ),
     Mutation(
-        "tapa-ignores-theta", "hf_posenc/schemes/tapa.py",
+        "tapa-ignores-theta", "hf_posenc/schemes/tapa/attention.py",
         'theta=options["theta"]', "theta=0.5",
         (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
         "eq. 11-12: the amplitude/phase split θ is an option",
     ),
     Mutation(
-        "tapa-ignores-phase", "hf_posenc/schemes/tapa.py",
+        "tapa-ignores-phase", "hf_posenc/schemes/tapa/attention.py",
         'phase=options["phase"]', 'phase="quadratic"',
         (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
         "§4.5 eq. 16: phase='linear' is the ablation",
     ),
     Mutation(
-        "tapa-decode-key-positions-off-by-one", "hf_posenc/schemes/tapa.py",
+        "tapa-decode-key-positions-off-by-one", "hf_posenc/schemes/tapa/attention.py",
         "after = real.flip(-1).long().cumsum(-1).flip(-1) - real.long()",
         "after = real.flip(-1).long().cumsum(-1).flip(-1)",
         (f"{TAPA_EQ}::test_decode_equals_the_full_pass",),
         "eq. 12 needs |m − n| exactly: a cached key keeps its position",
     ),
     Mutation(
-        "tapa-ignores-sliding-window", "hf_posenc/schemes/tapa.py",
+        "tapa-ignores-sliding-window", "hf_posenc/schemes/tapa/attention.py",
         'extra = {} if sliding_window is None else {"sliding_window": sliding_window}',
         "extra = {}",
         ("tests/test_tapa.py::test_sliding_window_layers_keep_their_window",),
         "Gemma2/3 sliding layers keep their window under TAPA",
     ),
     Mutation(
-        "tapa-ignores-packed-sequences", "hf_posenc/schemes/tapa.py",
+        "tapa-ignores-packed-sequences", "hf_posenc/schemes/tapa/attention.py",
         "segments = find_packed_sequence_indices(q_pos) if packed else None",
         "segments = None",
         ("tests/test_tapa.py::test_packed_sequences_equal_separate_passes",),
@@ -213,7 +213,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     # -- CoPE (§4.2 eq. 10) and HardClip ---------------------------------------------------------------------------
     Mutation(
-        "cope-taper-linear-in-theta-not-in-the-index", "hf_posenc/schemes/cope.py",
+        "cope-taper-linear-in-theta-not-in-the-index", "hf_posenc/schemes/cope/config.py",
         "w[n_freq - clip_low_n :] = 0.5 * (1.0 + torch.cos(torch.linspace(0.0, math.pi, clip_low_n, dtype=torch.float64)))",
         "theta = 10000.0 ** (-torch.arange(n_freq - clip_low_n, n_freq, dtype=torch.float64) / n_freq)\n"
         "            w[n_freq - clip_low_n :] = 0.5 * (1.0 + torch.cos(math.pi * (theta[0] - theta)"
@@ -222,21 +222,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "eq. 10 in the index form of the authors' code: linspace over the clipped indices",
     ),
     Mutation(
-        "cope-clips-the-highest-frequencies", "hf_posenc/schemes/cope.py",
+        "cope-clips-the-highest-frequencies", "hf_posenc/schemes/cope/config.py",
         "w[n_freq - clip_low_n :] = 0.5 * (1.0 + torch.cos(torch.linspace(0.0, math.pi, clip_low_n, dtype=torch.float64)))",
         "w[:clip_low_n] = 0.5 * (1.0 + torch.cos(torch.linspace(math.pi, 0.0, clip_low_n, dtype=torch.float64)))",
         ("tests/test_schemes.py::test_cope_frequencies_follow_eq10",),
         "CoPE clips the LOW frequencies (the long wavelengths)",
     ),
     Mutation(
-        "hardclip-zeroes-the-highest-frequencies", "hf_posenc/schemes/cope.py",
+        "hardclip-zeroes-the-highest-frequencies", "hf_posenc/schemes/cope/config.py",
         "w[n_freq - clip_low_n :] = 0.0",
         "w[:clip_low_n] = 0.0",
         ("tests/test_schemes.py::test_hardclip_zeroes_lowest_frequencies",),
         "HardClip zeroes the lowest frequencies",
     ),
     Mutation(
-        "cope-drops-the-base-attention-scaling", "hf_posenc/schemes/cope.py",
+        "cope-drops-the-base-attention-scaling", "hf_posenc/schemes/cope/rope_types.py",
         "return inv_freq * w, scaling",
         "return inv_freq * w, 1.0",
         ("tests/test_schemes.py::test_cope_composes_with_abf_and_yarn",),
@@ -244,7 +244,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     # -- p-RoPE (§6.1, App. D) -------------------------------------------------------------------------------------
     Mutation(
-        "prope-keeps-the-lowest-frequencies", "hf_posenc/schemes/prope.py",
+        "prope-keeps-the-lowest-frequencies", "hf_posenc/schemes/prope/__init__.py",
         'params = {"rope_type": "proportional", "rope_theta": base["rope_theta"], "partial_rotary_factor": float(self.p)}',
         "kept = int(self.p * head_dim // 2)\n"
         "        factors = [3.0e38] * (head_dim // 2 - kept) + [1.0] * kept  # only the lowest `kept` rotate\n"
@@ -255,7 +255,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "p-RoPE keeps the fraction p of the HIGHEST frequencies",
     ),
     Mutation(
-        "prope-keeps-the-complementary-fraction", "hf_posenc/schemes/prope.py",
+        "prope-keeps-the-complementary-fraction", "hf_posenc/schemes/prope/__init__.py",
         '"partial_rotary_factor": float(self.p)}',
         '"partial_rotary_factor": float(1.0 - self.p)}',
         ("tests/test_schemes.py::test_prope_equals_the_papers_apply_p_rope",),
@@ -357,7 +357,7 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     # -- experiments and their measurements -------------------------------------------------------------------------
     Mutation(
-        "tapa-packs-position-jumps-despite-a-mask", "hf_posenc/schemes/tapa.py",
+        "tapa-packs-position-jumps-despite-a-mask", "hf_posenc/schemes/tapa/attention.py",
         "packed = attention_mask is None and q_len == kv_len and position_ids is not None",
         "packed = q_len == kv_len and position_ids is not None",
         ("tests/test_tapa.py::test_position_jumps_are_packing_only_without_a_mask[reference]",),

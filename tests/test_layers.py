@@ -38,8 +38,8 @@ def test_the_layer_contract_holds():
 
 def test_a_lower_layer_importing_a_higher_one_breaks_the_contract(tmp_path):
     root = _copy(tmp_path)
-    rope = root / "hf_posenc" / "schemes" / "rope.py"
-    rope.write_text(rope.read_text() + "\n\ndef _publish(model):\n    from ..hub import push_to_hub\n\n"
+    rope = root / "hf_posenc" / "schemes" / "rope" / "__init__.py"
+    rope.write_text(rope.read_text() + "\n\ndef _publish(model):\n    from ...hub import push_to_hub\n\n"
                     "    return push_to_hub\n")
     run = _lint(root)
     assert run.returncode == 1, run.stdout + run.stderr

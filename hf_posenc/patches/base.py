@@ -17,7 +17,7 @@ from typing import Any, Callable
 from huggingface_hub.dataclasses import strict
 
 from ..record import RECORD_KEY, SchemeRecord
-from ..schemes.cope import CLIPPED_ROPE_TYPES, validate_clipped_rope_parameters
+from ..schemes import Scheme, on_register
 
 GLOBAL_LAYER_TYPE = "full_attention"
 MODEL_TYPE_PREFIX = "hf_posenc_"
@@ -43,8 +43,13 @@ class PosencConfigMixin:
         return RotaryEmbeddingConfigMixin.validate_rope(self)
 
 
-for _rope_type in CLIPPED_ROPE_TYPES:
-    setattr(PosencConfigMixin, f"_validate_{_rope_type}_rope_parameters", validate_clipped_rope_parameters)
+def _learn_rope_types(scheme: Scheme) -> None:
+    """Teach the patched configs to validate the rope types a registered scheme adds."""
+    for name, rope_type in scheme.rope_types.items():  # a method: the config comes first
+        setattr(PosencConfigMixin, f"_validate_{name}_rope_parameters", rope_type.validate)
+
+
+on_register(_learn_rope_types)
 
 
 def required_attn_implementation(config: Any) -> str | None:

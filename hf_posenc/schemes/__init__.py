@@ -1,41 +1,30 @@
-"""Positional-encoding schemes (imports only :mod:`hf_posenc.kernels`): one module per scheme with its typed config
+"""Positional-encoding schemes (imports only :mod:`hf_posenc.kernels`).
+
+One package per scheme (``rope``, ``cope`` with HardClip, ``prope``, ``tapa``, ``tape``) holds its typed config
 dataclass and its Transformers glue (rope init functions, attention and mask functions, install/uninstall on a
-model); :data:`SCHEMES` and :func:`make_scheme` are the registry the rest of the package reads."""
+model) and registers itself once with :func:`register_scheme`; :mod:`.registry` derives the rest from that call:
+:data:`SCHEMES` and :func:`make_scheme`, :func:`register_with_transformers`, the rope-type validators of the patched
+configs and the checkpoint remote code. ``base`` holds the config base classes, ``masks`` the padding-mask function
+shared by the schemes with their own attention, ``spec`` the command-line ``NAME:key=value`` parser.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-
 from .base import FrequencySchemeConfig, SchemeConfig
+from .registry import (
+    REGISTRY, ROPE_TYPES, SCHEMES, AttentionFunctions, RopeType, Scheme, make_scheme, on_register, register_scheme,
+    register_with_transformers,
+)
+
+# Each scheme package registers itself when imported; this order is the order of SCHEMES.
+from .rope import RoPEConfig  # noqa: I001
 from .cope import CoPEConfig, HardClipConfig
 from .prope import PRoPEConfig
-from .rope import RoPEConfig
 from .tapa import TAPAConfig
 from .tape import TAPEConfig
 
-SCHEMES: dict[str, type[SchemeConfig]] = {
-    cls.name: cls for cls in (RoPEConfig, CoPEConfig, HardClipConfig, PRoPEConfig, TAPAConfig, TAPEConfig)
-}
-
-
-def make_scheme(scheme: str | SchemeConfig, **options: Any) -> SchemeConfig:
-    """Build a scheme config from a name and options, or pass a config through (then no options are allowed)."""
-    if isinstance(scheme, SchemeConfig):
-        if options:
-            raise TypeError(
-                f"pass options either inside the {type(scheme).__name__} or as keywords with scheme={scheme.name!r}, "
-                f"not both (got {sorted(options)})."
-            )
-        return scheme
-    if not isinstance(scheme, str):
-        raise TypeError(f"scheme must be a name or a scheme config, got {type(scheme).__name__}.")
-    cls = SCHEMES.get(scheme)
-    if cls is None:
-        raise ValueError(f"unknown scheme {scheme!r}; valid schemes are {sorted(SCHEMES)}.")
-    return cls.from_dict(options)
-
-
 __all__ = [
-    "SCHEMES", "SchemeConfig", "FrequencySchemeConfig", "RoPEConfig", "CoPEConfig", "HardClipConfig", "PRoPEConfig",
-    "TAPAConfig", "TAPEConfig", "make_scheme",
+    "SCHEMES", "REGISTRY", "ROPE_TYPES", "Scheme", "RopeType", "AttentionFunctions", "register_scheme", "on_register",
+    "register_with_transformers", "make_scheme", "SchemeConfig", "FrequencySchemeConfig", "RoPEConfig", "CoPEConfig", "HardClipConfig",
+    "PRoPEConfig", "TAPAConfig", "TAPEConfig",
 ]

@@ -30,7 +30,11 @@ def head_dim(config: Any) -> int:
 
 
 def check_type(scheme: str, name: str, value: Any, kinds: tuple[type, ...], optional: bool = False) -> None:
-    """Raise ``TypeError`` unless ``value`` is one of ``kinds`` (``bool`` never counts as a number)."""
+    """Raise ``TypeError`` unless ``value`` is one of ``kinds`` (``bool`` never counts as a number).
+
+    Kept instead of ``huggingface_hub.dataclasses.strict`` (which the patched model configs use): ``strict``
+    validates on attribute assignment, so it checks nothing in a frozen dataclass (scheme configs are frozen and
+    hashable), and it refuses an ``int`` for a ``float`` option (``p=1``, ``alpha=1``), which users write."""
     if value is None and optional:
         return
     if isinstance(value, bool) and bool not in kinds:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from .base import SchemeConfig
+from .registry import make_scheme
 
 
 def parse_value(text: str) -> Any:
@@ -57,8 +58,6 @@ def _split_top_level(text: str) -> list[str]:
 def parse_scheme_spec(spec: str) -> SchemeConfig:
     """``"cope:clip_low_n=10,rope_theta=1e7"`` → ``CoPEConfig(clip_low_n=10, rope_theta=1e7)``; ``"tapa"`` → the
     scheme's defaults. Unknown schemes and options are errors naming the valid ones (from the scheme's config)."""
-    from . import make_scheme  # the registry lives in the package
-
     if not isinstance(spec, str) or not spec.strip():
         raise ValueError(f"a scheme spec is NAME or NAME:key=value,... (e.g. cope:clip_low_n=10), got {spec!r}.")
     name, _, rest = spec.strip().partition(":")

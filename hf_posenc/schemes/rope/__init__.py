@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import FrequencySchemeConfig
+from ..base import FrequencySchemeConfig
+from ..registry import register_scheme
 
 
 @dataclass(frozen=True)
@@ -22,3 +23,6 @@ class RoPEConfig(FrequencySchemeConfig):
 
     name: ClassVar[str] = "rope"
     paper: ClassVar[str] = "RoFormer (Su et al., 2024); PI, NTK, YaRN, ABF baselines"
+
+
+register_scheme(RoPEConfig)

@@ -13,7 +13,8 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from .base import FrequencySchemeConfig, check_type
+from ..base import FrequencySchemeConfig, check_type
+from ..registry import register_scheme
 
 
 @dataclass(frozen=True)
@@ -71,3 +72,6 @@ def rotated_pairs_kept(base: dict[str, Any], rotary_dim: int, keep: int) -> dict
     if base["rope_type"] == "linear":
         params["factor"] = base["factor"]
     return params
+
+
+register_scheme(PRoPEConfig)

@@ -1,0 +1,84 @@
+"""TAPA as a Transformers attention function (eq. 12 through ``AttentionInterface``): positions from position
+ids (left padding, packed documents, static and dynamic caches), then the op of the configured backend."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+
+from ..masks import written_keys
+
+def _positions(position_ids: torch.Tensor | None, key_padding: torch.Tensor | None, batch: int, q_len: int,
+               kv_len: int, device: torch.device):
+    """Query and key positions. Without a cache the keys are the queries. With a cache, each key's position is
+    counted back from the last query over the real (unpadded) keys after it, which matches both the positions
+    ``generate`` assigns to left-padded rows and plain index positions."""
+    if position_ids is None:
+        position_ids = torch.arange(kv_len - q_len, kv_len, device=device)[None]
+    q_pos = position_ids.expand(batch, q_len).to(device)
+    if q_len == kv_len:
+        return q_pos, q_pos
+    real = key_padding if key_padding is not None else torch.ones(batch, kv_len, dtype=torch.bool, device=device)
+    after = real.flip(-1).long().cumsum(-1).flip(-1) - real.long()  # real keys strictly after each key
+    k_pos = q_pos[:, -1:] - after
+    return q_pos, k_pos
+
+
+def tapa_attention_forward(
+    module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+    attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
+    position_ids: torch.Tensor | None = None, sliding_window: int | None = None, softcap: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """``AttentionInterface`` entry: eq. 12 on [B, H, L, D] query and [B, Hkv, L, D] key/value (not repeated)."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    options = module.config.hf_posenc["options"]
+    if dropout and module.training:
+        raise ValueError("tapa: attention dropout is not supported; set config.attention_dropout = 0.")
+    if softcap is not None:
+        raise ValueError("tapa: attention-logit soft-capping (Gemma2) does not apply to TAPA scores; set "
+                         "config.attn_logit_softcapping = None before patching.")
+    key, value, key_padding = written_keys(key, value, attention_mask)
+    batch, _, q_len, _ = query.shape
+    kv_len = key.shape[2]
+    q_pos, k_pos = _positions(position_ids, key_padding, batch, q_len, kv_len, query.device)
+    packed = attention_mask is None and q_len == kv_len and position_ids is not None  # Transformers' rule
+    segments = find_packed_sequence_indices(q_pos) if packed else None
+    fn = tapa_function(options["backend"])
+    extra = {} if sliding_window is None else {"sliding_window": sliding_window}
+    out = fn(
+        query, key, value, alpha=options["alpha"], theta=options["theta"], phase=options["phase"], causal=True,
+        q_positions=q_pos, k_positions=k_pos, key_padding_mask=key_padding, q_segment_ids=segments,
+        k_segment_ids=segments, **extra,
+    )
+    return out.transpose(1, 2).contiguous(), None
+
+
+@functools.cache  # runs once per backend, not in every layer's forward
+def tapa_function(backend: str):
+    """The TAPA op for a backend: the dispatcher (``auto``), the Triton kernel, the chunked CPU path or the
+    reference. Checkpoint remote code carries the reference and the chunked path (not the Triton kernels):
+    there ``auto`` runs the chunked path on CPU and the reference elsewhere, and ``triton`` is a clear error."""
+    from ...kernels.tapa.chunked import tapa_attention_chunked
+    from ...kernels.tapa.naive import tapa_attention_reference
+
+    if backend == "reference":
+        return tapa_attention_reference
+    if backend == "chunked":
+        return tapa_attention_chunked
+    try:  # remote code bundles no Triton kernels: it runs without this import
+        from ...kernels.tapa import tapa_attention, tapa_attention_triton
+    except ImportError as exc:
+        if backend == "triton":
+            raise ImportError("tapa: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`)."
+                              ) from exc
+
+        def bundled(q, k, v, **kwargs):
+            fn = tapa_attention_chunked if q.device.type == "cpu" else tapa_attention_reference
+            return fn(q, k, v, **kwargs)
+
+        return bundled
+    return {"auto": tapa_attention, "triton": tapa_attention_triton}[backend]

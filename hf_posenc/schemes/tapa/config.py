@@ -1,0 +1,67 @@
+"""TAPA's options (``tapa-token-aware-phase-attention.md`` §3, eq. 12 and the §4.5 linear ablation, eq. 16)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
+
+from ..base import SchemeConfig, check_type
+
+ATTN_NAME = "hf_posenc_tapa"
+
+
+@dataclass(frozen=True)
+class TAPAConfig(SchemeConfig):
+    """Options of TAPA.
+
+    Attributes:
+        alpha: distance exponent α > 0 in |m − n|^α (default 0.1, the paper's).
+        theta: fraction θ of each head's dims used for the amplitude (default 0.5); θD and (1−θ)D must be
+            positive integers.
+        phase: ``"quadratic"`` (eq. 12) or ``"linear"`` (§4.5 ablation, eq. 16).
+        backend: ``"auto"`` (Triton kernel on CUDA or under TRITON_INTERPRET=1, the chunked O(N)-memory path on
+            CPU, else the reference), ``"triton"``, ``"chunked"`` or ``"reference"``.
+        layers: TAPA replaces attention in every layer, so this must stay ``"all"``.
+    """
+
+    name: ClassVar[str] = "tapa"
+    paper: ClassVar[str] = "Token-Aware Phase Attention (tapa-token-aware-phase-attention, eq. 12)"
+    attn_implementation: ClassVar[str | None] = ATTN_NAME
+    layers: Literal["global", "all"] = "all"
+    alpha: float = 0.1
+    theta: float = 0.5
+    phase: str = "quadratic"
+    backend: str = "auto"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_type(self.name, "alpha", self.alpha, (int, float))
+        check_type(self.name, "theta", self.theta, (int, float))
+        check_type(self.name, "phase", self.phase, (str,))
+        check_type(self.name, "backend", self.backend, (str,))
+        if self.layers != "all":
+            raise ValueError("tapa: TAPA replaces attention in every layer; layers must be 'all'.")
+        if not (math.isfinite(self.alpha) and self.alpha > 0):
+            raise ValueError(f"tapa: alpha must be a finite number > 0 (paper: 0.1), got {self.alpha}.")
+        if not 0 < self.theta < 1:
+            raise ValueError(f"tapa: theta must be in (0, 1) (paper: 0.5), got {self.theta}.")
+        if self.phase not in ("quadratic", "linear"):
+            raise ValueError(f"tapa: phase must be 'quadratic' or 'linear', got {self.phase!r}.")
+        if self.backend not in ("auto", "triton", "chunked", "reference"):
+            raise ValueError(
+                f"tapa: backend must be 'auto', 'triton', 'chunked' or 'reference', got {self.backend!r}.")
+
+    def check_model(self, head_dim: int) -> None:
+        from ...kernels.tapa.naive import tapa_split
+
+        tapa_split(head_dim, self.theta)
+
+    def rope_parameters(self, model_params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> dict:
+        """No rotation. ``head_dim``: the rotated dimensions; a partial-rotary model keeps its rotated width (zero
+        frequencies on its rotated pairs), since ``proportional`` would widen the rotation to the whole head."""
+        if model_params.get("partial_rotary_factor", 1.0) != 1.0:
+            from ..prope import rotated_pairs_kept
+
+            return rotated_pairs_kept({**model_params, "rope_type": "default"}, head_dim, 0)
+        return {"rope_type": "proportional", "rope_theta": model_params["rope_theta"], "partial_rotary_factor": 0.0}

@@ -1,0 +1,151 @@
+"""TAPE's token mixing (eq. 6) and attention-side state update (eq. 7) through the model's attention
+implementation, or the fused kernel's attention function (``backend="triton"``)."""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..masks import written_keys
+
+ATTN_NAME = "hf_posenc_tape"  # the fused kernel's attention function (backend="triton")
+
+
+def rotate(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
+    """x ⊙ z per head in RoPE's rotate-half form (eq. 6): x [B, S, H, D], e [B, S, Hkv, D] = [re | im].
+
+    H is a multiple of Hkv: query head h reads the state of key/value head h // (H / Hkv), like its keys. The
+    products and sums are RoPE's ``x·cos + rotate_half(x)·sin`` term by term, so E₀ reproduces RoPE bit for bit.
+    Token-major like the projections, so the rotated tensors keep the memory layout the stock model hands to
+    attention (and attention picks the same kernel path).
+    """
+    half = x.shape[-1] // 2
+    xs = x.unflatten(2, (e.shape[2], -1))  # [B, S, Hkv, group, D]
+    re, im = e[..., :half].unsqueeze(3), e[..., half:].unsqueeze(3)
+    x1, x2 = xs[..., :half], xs[..., half:]
+    return torch.cat([x1 * re - x2 * im, x2 * re + x1 * im], dim=-1).flatten(2, 3)
+
+
+def attention_function(attn: nn.Module):
+    """The model's attention implementation (its own eager function, or the registered one)."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
+
+    name = attn.config._attn_implementation
+    if name != "eager":
+        return ALL_ATTENTION_FUNCTIONS[name]
+    stock = next(c for c in type(attn).__mro__ if not issubclass(c, TapeAttentionMixin))  # the family's class
+    return sys.modules[stock.__module__].eager_attention_forward
+
+
+def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor,
+                          attention_mask, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """O = P·V (eq. 6) and Ẽ = P·E (eq. 7) with one attention map P: returns (O, Ẽ, P or None), O and Ẽ as
+    [B, S, Hq, D]. q [B, Hq, S, D]; k, v, e [B, Hkv, L, D] (after the cache).
+
+    * eager, and the fused kernel (``backend="triton"``): one call over [V | E];
+    * other implementations (sdpa, flex, flash) pick another kernel for a value wider than the query, so without
+      dropout they make two calls with the same q, k and mask, and O stays bit-identical to the stock model;
+    * with attention dropout (training), the two calls would draw two masks, while eq. 7 mixes the states with
+      the very P that mixes the values: one call then runs over [V | E] with q and k zero-padded to the value's
+      width (q·k unchanged, the scale passed explicitly), so a single dropout mask acts on both.
+    """
+    d = q.shape[-1]
+    fn = attention_function(attn)
+    name = attn.config._attn_implementation
+    if name in ("eager", ATTN_NAME):  # eager's column-wise matmuls keep O bit-identical to P·V alone
+        out, weights = fn(attn, q, k, torch.cat([v, e], dim=-1), attention_mask, **kwargs)
+        return out[..., :d], out[..., d:], weights
+    if kwargs.get("dropout", 0.0):
+        def pad(t: torch.Tensor) -> torch.Tensor:
+            return nn.functional.pad(t, (0, e.shape[-1]))
+
+        out, weights = fn(attn, pad(q), pad(k), torch.cat([v, e], dim=-1), attention_mask, **kwargs)
+        return out[..., :d], out[..., d:], weights
+    o, weights = fn(attn, q, k, v, attention_mask, **kwargs)
+    e_tilde, _ = fn(attn, q, k, e, attention_mask, **kwargs)
+    return o, e_tilde, weights
+
+
+def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, attention_mask, past_key_values,
+                   mix_states: bool = True, **kwargs: Any
+                   ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Token mixing (eq. 6) and, with ``mix_states``, Ẽ = P·E (eq. 7) through the model's attention implementation.
+
+    e: the state each token carries into this layer, [B, S, Hkv, D]. Returns (attention output after o_proj,
+    attention weights or None, Ẽ [B, S, Hq, D] or None). E rides along as extra value channels, so the KV cache
+    keeps the states of past keys, in layers that mix states (1.5× the plain cache there: D channels per KV head
+    beside V's D); a layer whose update no later layer reads (``mix_states=False``) is plain attention.
+    """
+    bsz, seq, _ = hidden.shape
+    d = attn.head_dim
+    shape = (bsz, seq, -1, d)
+    q = attn.q_proj(hidden).view(shape)
+    k = attn.k_proj(hidden).view(shape)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q, k = rotate(q, e).transpose(1, 2), rotate(k, e).transpose(1, 2)
+    e_kv = e.transpose(1, 2)  # [B, Hkv, S, D]
+    v = attn.v_proj(hidden).view(shape).transpose(1, 2)
+    name = attn.config._attn_implementation
+    mix_states = mix_states or name == ATTN_NAME  # the fused kernel always takes [V | E]
+    if past_key_values is not None:
+        k, v = past_key_values.update(k, torch.cat([v, e_kv.to(v.dtype)], dim=-1) if mix_states else v, attn.layer_idx)
+        v, e_kv = (v[..., :d], v[..., d:]) if mix_states else (v, None)
+    extra = {}
+    if getattr(attn, "sliding_window", None) is not None:
+        extra["sliding_window"] = attn.sliding_window
+    if getattr(attn.config, "attn_logit_softcapping", None) is not None:
+        extra["softcap"] = attn.config.attn_logit_softcapping
+    common = dict(dropout=attn.attention_dropout if attn.training else 0.0, scaling=attn.scaling, **extra, **kwargs)
+    if kwargs.get("output_attentions", getattr(attn.config, "output_attentions", False)) and name != "eager":
+        raise ValueError(f"tape: output_attentions=True returns the attention maps only with attn_implementation="
+                         f"'eager' (and backend='auto'); this model computes attention through {name!r}. Load it "
+                         "with attn_implementation='eager' or call model.set_attn_implementation('eager').")
+    if mix_states:
+        o, e_tilde, weights = mix_values_and_states(attn, q, k, v, e_kv.to(v.dtype), attention_mask, **common)
+    else:
+        (o, weights), e_tilde = attention_function(attn)(attn, q, k, v, attention_mask, **common), None
+    return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), weights, e_tilde
+
+
+def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attention_mask: torch.Tensor | None, scaling: float | None = None,
+                                 dropout: float = 0.0, sliding_window: int | None = None,
+                                 softcap: float | None = None, position_ids: torch.Tensor | None = None,
+                                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """``AttentionInterface`` entry for ``backend="triton"``: ``value`` is [V | E]; returns [O | Ẽ]."""
+    try:  # remote code bundles no Triton kernels: it runs without this import
+        from ...kernels.tape import tape_attention as fused
+    except ImportError as exc:
+        raise ImportError("tape: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`); "
+                          "or patch with backend='auto'.") from exc
+    if sliding_window is not None or softcap is not None:
+        raise ValueError("tape: the fused kernel has no sliding window or soft-capping; use backend='auto' for "
+                         "this model.")
+    if dropout and module.training:
+        raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
+    packed = attention_mask is None  # Transformers' rule: jumps in position ids mean packed documents only then
+    key, value, key_padding = written_keys(key, value, attention_mask)  # static caches: written slots only
+    if packed and position_ids is not None and query.shape[2] == key.shape[2] and position_ids.shape[-1] > 1:
+        pos = position_ids.expand(query.shape[0], -1)
+        steps = pos[:, 1:] - pos[:, :-1]
+        real = torch.ones_like(pos, dtype=torch.bool) if key_padding is None else key_padding
+        if bool(((steps != 1) & real[:, 1:] & real[:, :-1]).any()):
+            raise ValueError("tape: the fused kernel does not mask packed sequences; use backend='auto' for them.")
+    d = query.shape[-1]
+    o, e = fused(query, key, value[..., :d].contiguous(), value[..., d:].contiguous(), scale=scaling,
+                          causal=True, key_padding_mask=key_padding)
+    return torch.cat([o, e.to(o.dtype)], dim=-1).transpose(1, 2).contiguous(), None
+
+
+class TapeAttentionMixin:
+    """Attention forward of a TAPE layer (:func:`tape_attention`). The layer calls the attention module itself, so
+    Transformers' output hooks record its attention maps (``output_attentions=True``) as for the stock model."""
+
+    def forward(self, hidden_states: torch.Tensor, tape_state: torch.Tensor, attention_mask=None,
+                past_key_values=None, mix_states: bool = True, **kwargs):
+        return tape_attention(self, hidden_states, tape_state, attention_mask, past_key_values,
+                              mix_states=mix_states, **kwargs)

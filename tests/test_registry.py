@@ -1,0 +1,135 @@
+"""The scheme registry: one `register_scheme` call per scheme, and what is derived from it (SCHEMES, make_scheme,
+the Transformers registrations, the patched configs' rope validators, the checkpoint remote code)."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+import pytest
+import torch
+
+import hf_posenc
+from hf_posenc import remote_code
+from hf_posenc.schemes import REGISTRY, ROPE_TYPES, SCHEMES, RopeType, make_scheme, registry
+from hf_posenc.schemes.base import FrequencySchemeConfig, head_dim
+from tiny import random_ids, tiny_model
+
+
+def test_every_scheme_is_registered_once_by_its_own_package():
+    assert list(SCHEMES) == ["rope", "cope", "hardclip", "prope", "tapa", "tape"]
+    for name, scheme in REGISTRY.items():
+        assert scheme.config is SCHEMES[name] and scheme.config.name == name
+        assert scheme.package == f"hf_posenc.schemes.{'cope' if name == 'hardclip' else name}"
+    assert set(ROPE_TYPES) == {"cope", "cope_dynamic", "hardclip", "hardclip_dynamic"}
+    assert {s.attention.name for s in REGISTRY.values() if s.attention} == {"hf_posenc_tapa", "hf_posenc_tape"}
+    with pytest.raises(ValueError, match="already registered by hf_posenc.schemes.tapa"):
+        registry.register_scheme(SCHEMES["tapa"])
+    with pytest.raises(TypeError, match="SchemeConfig subclass"):
+        registry.register_scheme(dict)
+
+
+@dataclass(frozen=True)
+class _HalfConfig(FrequencySchemeConfig):
+    """A scheme from outside the package: halves every frequency through its own rope type."""
+
+    name: ClassVar[str] = "test_half"
+    paper: ClassVar[str] = "none (test)"
+
+    def rope_parameters(self, model_params, head_dim, max_position_embeddings):
+        return {"rope_type": "test_half", "rope_theta": model_params["rope_theta"]}
+
+
+def _half_init(config, device=None, seq_len=None, layer_type=None):
+    dim = head_dim(config)
+    return 0.5 / config.rope_parameters["rope_theta"] ** (torch.arange(0, dim, 2, device=device).float() / dim), 1.0
+
+
+def _validate_half(config, rope_parameters, ignore_keys=None):
+    if "rope_theta" not in rope_parameters:
+        raise KeyError("test_half needs rope_theta")
+
+
+@pytest.fixture
+def half_scheme():
+    """Registers the test scheme for one test and takes it out again (the registry is process-wide)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from hf_posenc.patches.base import PosencConfigMixin
+
+    scheme = registry.register_scheme(_HalfConfig, rope_types={"test_half": RopeType(_half_init, _validate_half)})
+    yield scheme
+    del REGISTRY["test_half"], SCHEMES["test_half"], ROPE_TYPES["test_half"], ROPE_INIT_FUNCTIONS["test_half"]
+    delattr(PosencConfigMixin, "_validate_test_half_rope_parameters")
+
+
+def test_a_registered_scheme_is_usable_by_name_with_no_other_edit(half_scheme):
+    """register_scheme is the only step (after `import hf_posenc`): patch_model finds it by name, Transformers gets
+    its rope type and the patched config validates it."""
+    from hf_posenc.patches.base import PosencConfigMixin
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    assert ROPE_INIT_FUNCTIONS["test_half"] is _half_init
+    assert PosencConfigMixin._validate_test_half_rope_parameters is _validate_half
+    assert isinstance(make_scheme("test_half"), _HalfConfig) and "test_half" in SCHEMES
+    ids = random_ids(1, 12)
+    stock = tiny_model("llama")
+    patched = hf_posenc.patch_model(tiny_model("llama"), "test_half")
+    assert patched.config.rope_parameters["rope_type"] == "test_half"
+    half, full = patched.model.rotary_emb.inv_freq, stock.model.rotary_emb.inv_freq
+    assert torch.equal(half, full / 2)
+    with torch.no_grad():
+        assert not torch.allclose(patched(ids).logits, stock(ids).logits, atol=1e-3)
+
+
+def test_the_remote_bundle_is_derived_from_the_registry():
+    modules = remote_code.bundle()
+    for scheme in REGISTRY.values():
+        assert scheme.package.removeprefix("hf_posenc.") in modules
+    assert "patches.base" in modules and "schemes.registry" in modules
+    assert "kernels.tapa.chunked" in modules  # imported outside `try`: the CPU path travels
+    assert not [m for m in modules if m in ("kernels.tapa", "kernels.tape", "kernels._triton")
+                or "triton" in m]  # imported inside `try` only: the Triton kernels stay out
+    # a package that is not registered (nor imported by one that is) does not travel
+    assert "hub" not in modules and "training" not in modules
+    assert remote_code.bundle(["schemes.rope"]) == ("schemes.base", "schemes.registry", "schemes.rope")
+
+
+def test_written_remote_code_imports_only_its_own_files_or_optional_installed_ones(tmp_path):
+    model = hf_posenc.patch_model(tiny_model("llama"), "tapa", backend="reference")
+    model.save_pretrained(tmp_path)
+    files = {p.stem for p in tmp_path.glob("*.py")}
+    assert files == {remote_code.ENTRY} | {remote_code.flat_name(m) for m in remote_code.bundle()}
+    optional = 0
+    for path in tmp_path.glob("*.py"):
+        source = path.read_text()
+        for target in re.findall(r"^\s*from\s+\.(\S+)\s+import", source, flags=re.MULTILINE):  # Transformers' rule
+            assert target in files, (path.name, target)
+        tree = ast.parse(source)
+        tries = [n for n in ast.walk(tree) if isinstance(n, ast.Try)]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("hf_posenc"):
+                optional += 1
+                assert any(node in ast.walk(t) for t in tries), (path.name, node.lineno)  # only inside `try`
+    assert optional == 2  # TAPA's and TAPE's Triton entry points
+
+
+def test_a_module_the_flattener_cannot_rewrite_is_refused(tmp_path, monkeypatch):
+    pkg = tmp_path / "schemes" / "bad"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("from . import sub\n")
+    (pkg / "sub.py").write_text("X = 1\n")
+    (pkg / "absolute.py").write_text("import hf_posenc.record\n")
+    monkeypatch.setattr(remote_code, "_ROOT", tmp_path)
+    with pytest.raises(RuntimeError, match=r"write `from \.<submodule> import <names>`"):
+        remote_code.bundle(["schemes.bad"])
+    with pytest.raises(RuntimeError, match="imports hf_posenc absolutely"):
+        remote_code.bundle(["schemes.bad.absolute"])
+
+
+def test_scheme_configs_stay_plain_frozen_dataclasses():
+    for cls in SCHEMES.values():
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
