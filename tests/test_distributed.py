@@ -51,7 +51,7 @@ def _launch_cmd(ws: Path, name: str, scheme: str, config: str | None, port: int,
     recipe = _recipe(ws, name, scheme=SCHEMES[scheme], peft={"dropout": 0.0},
                      training={"max_steps": steps, "save_steps": save_steps,
                                "use_cpu": config in (None, DDP_CONFIG),
-                               "per_device_train_batch_size": batch, "gradient_checkpointing": True},
+                               "per_device_train_batch_size": batch, "activation_checkpointing": True},
                      output={"merge": True})
     (ws / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
     cli = ["-m", "hf_posenc.training.cli", str(ws / f"{name}.yaml"), *extra]

@@ -16,7 +16,7 @@ import yaml
 import hf_posenc
 from hf_posenc.training import config as tcfg
 from hf_posenc.training.config import RecipeError, load_recipe
-from hf_posenc.training.data import IGNORE_INDEX, build_dataset, pack_concat, pack_restart
+from hf_posenc.training.data import IGNORE_INDEX, TOKENS, build_dataset, collate, pack_concat, pack_restart
 from hf_posenc.training.loss import chunked_linear_cross_entropy, full_linear_cross_entropy, shift_for_causal_lm
 from hf_posenc.training.trainer import read_log, run_training
 
@@ -44,7 +44,10 @@ def _corpus(n_docs: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def workspace(tmp_path_factory):
-    """A WordLevel tokenizer, a tiny random Llama checkpoint and a .jsonl + .txt corpus in a temp dir."""
+    """A WordLevel tokenizer, a tiny random Llama checkpoint and a .jsonl + .txt corpus in a temp dir, whose
+    ``datasets-cache`` holds the caches of ``datasets`` (tokenized and packed corpora) while the module runs, in this
+    process and in the runs it starts."""
+    import datasets
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import AutoModelForCausalLM, PreTrainedTokenizerFast
 
@@ -61,7 +64,10 @@ def workspace(tmp_path_factory):
     docs = _corpus(60)
     (root / "corpus.jsonl").write_text("".join(json.dumps({"text": d}) + "\n" for d in docs))
     (root / "short.txt").write_text("the cat sat .")
-    return root
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("HF_DATASETS_CACHE", str(root / "datasets-cache"))
+        mp.setattr(datasets.config, "HF_DATASETS_CACHE", root / "datasets-cache")
+        yield root
 
 
 def _recipe(ws: Path, out: str, **sections) -> dict:
@@ -72,8 +78,7 @@ def _recipe(ws: Path, out: str, **sections) -> dict:
         "data": {"files": [str(ws / "corpus.jsonl")]},
         "peft": {"r": 4, "alpha": 8, "trainable_norms": True, "trainable_embeddings": True},
         "training": {"max_steps": 12, "learning_rate": 3e-2, "lr_scheduler_type": "constant", "save_steps": 4,
-                     "per_device_train_batch_size": 2, "logging_steps": 1, "use_cpu": True,
-                     "extra": {"disable_tqdm": True}},
+                     "per_device_train_batch_size": 2, "logging_steps": 1, "use_cpu": True, "disable_tqdm": True},
         "loss": {"chunk_size": 16},
         "output": {"dir": str(ws / out)},
     }
@@ -83,6 +88,7 @@ def _recipe(ws: Path, out: str, **sections) -> dict:
 
 
 # -- recipes fail before loading any model ---------------------------------------------------------------------
+@pytest.mark.filterwarnings("ignore:training.extra is deprecated")
 def test_bad_recipes_name_the_key_or_path(workspace, monkeypatch):
     def no_load(*a, **k):
         raise AssertionError("a model was loaded for a bad recipe")
@@ -99,7 +105,7 @@ def test_bad_recipes_name_the_key_or_path(workspace, monkeypatch):
         (["model.path=/nowhere/model"], "/nowhere/model"),
         (["scheme.clip_low_n=-3"], "scheme"),
         (["scheme.name=nope"], "scheme"),
-        (["training.extra.not_an_arg=1"], "training.extra.not_an_arg"),
+        (["training.extra.not_an_arg=1"], "training.not_an_arg"),  # training.extra: deprecated, keys moved up
         (["liger.rope=true", "scheme.name=tapa"], "liger.rope"),
         (["loss.implementation=liger"], "liger_kernel"),
         (["bogus=1"], "bogus"),
@@ -110,7 +116,100 @@ def test_bad_recipes_name_the_key_or_path(workspace, monkeypatch):
         assert needle in str(info.value), (overrides, str(info.value))
     path = workspace / "bad.yaml"
     path.write_text(yaml.safe_dump(good))
-    assert load_recipe(path, ["training.learning_rate=1e-5"]).training.learning_rate == 1e-5  # YAML 1.2 floats
+    recipe = load_recipe(path, ["training.learning_rate=1e-5", "evaluation.lengths=[32, 64]",
+                                "training.save_total_limit=null"])  # values are YAML: 1.2 floats, lists, null
+    assert (recipe.training.learning_rate, recipe.evaluation.lengths, recipe.training.save_total_limit) == (
+        1e-5, [32, 64], None)
+
+
+@pytest.mark.filterwarnings("ignore:training.extra is deprecated")
+def test_a_bad_training_key_fails_before_any_model_loads(workspace, monkeypatch, capsys):
+    """`hf-posenc train` with a misspelt or mistyped `training` key (in the file or on the command line) exits 2
+    naming the dotted key, and the fix where there is one, before loading a config, a tokenizer or weights."""
+    from hf_posenc.cli import main
+    from hf_posenc.training import trainer
+
+    def no_load(*a, **k):
+        raise AssertionError("a model was loaded for a bad recipe")
+
+    for name in ("load_base_model", "load_model_config", "load_tokenizer"):
+        monkeypatch.setattr(trainer, name, no_load)
+    typo = "unknown recipe key(s) ['training.learnig_rate'] (did you mean 'training.learning_rate'"
+    cases = [
+        ({"learnig_rate": 1e-4}, [], typo),
+        ({}, ["training.learnig_rate=1e-4"], typo),
+        ({"max_steps": "ten"}, [], "recipe key 'training.max_steps': invalid int value: 'ten'"),
+        ({}, ["training.max_steps=3.5"], "recipe key 'training.max_steps': invalid int value: '3.5'"),
+        ({"use_cpu": "maybe"}, [], "recipe key 'training.use_cpu': Truthy value expected: got maybe"),
+        ({"adam_beta2": [0.9]}, [], "recipe key 'training.adam_beta2' must be float, got list ([0.9])"),
+        ({"lr_scheduler_type": "cosine_annealing"}, [], "'training.lr_scheduler_type': invalid choice: "
+                                                        "'cosine_annealing' (choose from 'linear', 'cosine'"),
+        ({"output_dir": "elsewhere"}, [], "training.output_dir: set output.dir instead"),
+        ({"extra": {"adam_beta3": 0.9}}, [], "['training.adam_beta3'] (did you mean 'training.adam_beta2'"),
+    ]
+    path = workspace / "bad-training.yaml"
+    for training, overrides, message in cases:
+        path.write_text(yaml.safe_dump(_recipe(workspace, "bad-training", training=training)))
+        assert main(["train", str(path), *overrides, "--dry-run"]) == 2, (training, overrides)
+        err = capsys.readouterr().err
+        assert message in err, (training, overrides, err)
+    assert not (workspace / "bad-training").exists()
+
+
+def test_training_takes_every_training_arguments_field(workspace, monkeypatch):
+    """`training:` is Transformers' TrainingArguments: fields the old schema never listed (adam_beta2,
+    dataloader_num_workers) reach the Trainer's args and its optimizer, next to the project's defaults; the
+    recipe.yaml a run writes reads back to the same section; `training.extra` still works, with a FutureWarning."""
+    from transformers import TrainingArguments
+
+    from hf_posenc.training.config import TrainingSection
+    from hf_posenc.training.trainer import PosEncTrainer
+
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def train(self, resume_from_checkpoint=None):
+        seen["args"], seen["betas"] = self.args, self.create_optimizer().param_groups[0]["betas"]
+        raise Stop
+
+    monkeypatch.setattr(PosEncTrainer, "train", train)
+    recipe = load_recipe(data=_recipe(workspace, "all-fields", training={"adam_beta2": 0.95, "seed": 7,
+                                                                           "dataloader_num_workers": 1}))
+    assert isinstance(recipe.training, TrainingSection) and isinstance(recipe.training, TrainingArguments)
+    with pytest.raises(Stop):
+        run_training(recipe)
+    args = seen["args"]
+    assert type(args) is TrainingArguments and seen["betas"] == (0.9, 0.95)
+    assert (args.adam_beta2, args.dataloader_num_workers, args.seed, args.data_seed) == (0.95, 1, 7, 7)
+    assert (args.output_dir, args.max_steps, args.learning_rate, args.lr_scheduler_type) == (
+        str(workspace / "all-fields"), 12, 3e-2, "constant")
+    assert args.activation_checkpointing and args.activation_checkpointing_kwargs == {"use_reentrant": False}
+    assert (args.save_total_limit, args.remove_unused_columns, args.optim, args.disable_tqdm) == (
+        2, False, "adamw_torch", True)
+    assert load_recipe(workspace / "all-fields" / "recipe.yaml").training == recipe.training
+
+    old = _recipe(workspace, "old", training={"extra": {"adam_beta2": 0.9, "dataloader_drop_last": True}})
+    with pytest.warns(FutureWarning, match=r"training.extra is deprecated.*\['adam_beta2', 'dataloader_drop_last'\]"):
+        assert load_recipe(data=old).training.adam_beta2 == 0.9
+
+
+def test_command_line_overrides_reach_the_recipe(workspace, capsys):
+    """`hf-posenc train RECIPE key=value ... --dry-run`: overrides (values read as YAML) of TrainingArguments fields
+    the recipe does not name, of listed ones and of other sections show in the recipe it prints."""
+    from hf_posenc.cli import main
+
+    path = workspace / "overrides.yaml"
+    path.write_text(yaml.safe_dump(_recipe(workspace, "overrides")))
+    overrides = ["training.max_steps=7", "training.adam_beta2=0.95", "training.report_to=[]",
+                 "training.save_total_limit=null", "scheme.clip_low_n=4", "evaluation.lengths=[32, 64]"]
+    assert main(["train", str(path), *overrides, "--dry-run"]) == 0
+    recipe = json.loads(capsys.readouterr().out)["recipe"]
+    t = recipe["training"]
+    assert (t["max_steps"], t["adam_beta2"], t["report_to"], t["save_total_limit"]) == (7, 0.95, [], None)
+    assert t["learning_rate"] == 3e-2 and recipe["scheme"] == {"name": "cope", "clip_low_n": 4}
+    assert recipe["evaluation"]["lengths"] == [32, 64]
 
 
 def test_liger_refusal_without_liger_and_for_tapa(workspace):
@@ -143,19 +242,25 @@ def test_short_corpus_says_found_and_needed(workspace):
 
 
 # -- packing ------------------------------------------------------------------------------------------------------
+def packed(pack, docs: list[list[int]], length: int, eos_id: int = 2) -> dict[str, torch.Tensor]:
+    """All windows of ``pack`` over ``docs`` (token ids without EOS), batched by :func:`collate`."""
+    from datasets import Dataset
+
+    tokens = Dataset.from_dict({"input_ids": [doc + [eos_id] for doc in docs]}, features=TOKENS)
+    windows = pack(tokens, length).with_format("torch")
+    return collate([windows[i] for i in range(len(windows))])
+
+
 def test_pack_restart_positions_and_labels():
     docs = [[10, 11, 12], [20, 21], [30, 31, 32, 33, 34, 35]]
-    windows = pack_restart(docs, length=5, eos_id=2)
-    ids = [w["input_ids"].tolist() for w in windows]
-    pos = [w["position_ids"].tolist() for w in windows]
-    lab = [w["labels"].tolist() for w in windows]
-    assert ids == [[10, 11, 12, 2, 20], [21, 2, 30, 31, 32]]  # the tail (33 34 35 EOS) is dropped
-    assert pos == [[0, 1, 2, 3, 0], [0, 1, 0, 1, 2]]
-    assert lab == [[IGNORE_INDEX, 11, 12, 2, IGNORE_INDEX], [IGNORE_INDEX, 2, IGNORE_INDEX, 31, 32]]
-    concat = pack_concat(docs, length=5, eos_id=2)
-    assert [w["input_ids"].tolist() for w in concat] == [[10, 11, 12, 2, 20], [21, 2, 30, 31, 32]]
-    assert all(w["position_ids"].tolist() == list(range(5)) and torch.equal(w["labels"], w["input_ids"])
-               for w in concat)
+    restart = packed(pack_restart, docs, length=5)
+    assert restart["input_ids"].tolist() == [[10, 11, 12, 2, 20], [21, 2, 30, 31, 32]]  # tail 33 34 35 EOS dropped
+    assert restart["position_ids"].tolist() == [[0, 1, 2, 3, 0], [0, 1, 0, 1, 2]]
+    masked = IGNORE_INDEX
+    assert restart["labels"].tolist() == [[masked, 11, 12, 2, masked], [masked, 2, masked, 31, 32]]
+    concat = packed(pack_concat, docs, length=5)
+    assert torch.equal(concat["input_ids"], restart["input_ids"]) and torch.equal(concat["labels"], concat["input_ids"])
+    assert concat["position_ids"].tolist() == [list(range(5))] * 2
 
 
 def test_restart_packing_matches_separate_documents(workspace):
@@ -167,15 +272,15 @@ def test_restart_packing_matches_separate_documents(workspace):
     model = AutoModelForCausalLM.from_pretrained(workspace / "model", attn_implementation="sdpa").eval()
     hf_posenc.patch_model(model, "cope")
     docs = [[5, 6, 7, 8], [9, 10, 11], [12, 13, 14, 15, 16]]
-    (window,) = pack_restart(docs, length=15, eos_id=2)
+    window = packed(pack_restart, docs, length=15)
     with torch.no_grad():
-        packed = model(window["input_ids"][None], position_ids=window["position_ids"][None],
+        logits = model(window["input_ids"], position_ids=window["position_ids"],
                        use_cache=False).logits[0]  # Transformers finds packed documents only without a cache
         start = 0
         for doc in docs:
             ids = torch.tensor(doc + [2])[None]
             alone = model(ids).logits[0]
-            torch.testing.assert_close(packed[start : start + ids.shape[1]], alone, rtol=1e-4, atol=1e-5)
+            torch.testing.assert_close(logits[start : start + ids.shape[1]], alone, rtol=1e-4, atol=1e-5)
             start += ids.shape[1]
 
 
@@ -389,9 +494,9 @@ def test_shipped_recipes_parse():
     recipes = sorted((REPO / "recipes").glob("*.yaml"))
     assert len(recipes) >= 8
     for path in recipes:
-        data = tcfg.read_yaml(path.read_text())
-        recipe = tcfg.parse_section(tcfg.Recipe, data)  # types and keys (data files may live on GPU hosts)
-        recipe.scheme_config()
+        recipe = load_recipe(path, validate=False)  # keys, types, values (data files may live on GPU hosts)
+        assert recipe.scheme_config().name == recipe.scheme.name  # bf16 recipes parse on a CPU host too
+        assert load_recipe(data=tcfg.read_yaml(yaml.safe_dump(recipe.to_dict())), validate=False) == recipe
 
 
 def test_lora_setup_is_one_path_with_checked_names(workspace):

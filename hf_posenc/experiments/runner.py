@@ -75,9 +75,9 @@ def build_recipe(*, scheme: str, seed: int, context_length: int, model: ModelSet
         "training": {
             "max_steps": train.steps, "learning_rate": train.learning_rate, "lr_scheduler_type": "cosine",
             "warmup_steps": train.warmup_steps, "weight_decay": train.weight_decay,
-            "per_device_train_batch_size": train.batch_size, "gradient_checkpointing": False,
+            "per_device_train_batch_size": train.batch_size, "activation_checkpointing": False,
             "save_steps": train.steps + 1, "save_total_limit": 1, "logging_steps": max(1, train.steps // 20),
-            "use_cpu": True, "seed": seed, "extra": {"disable_tqdm": True},
+            "use_cpu": True, "seed": seed, "disable_tqdm": True,
         },
         "loss": {"implementation": "chunked", "chunk_size": 4096},
         "output": {"dir": output_dir, "save_tokenizer": False},

@@ -7,12 +7,12 @@ parallelism.
 """
 
 from .config import Recipe, RecipeError, load_recipe, validate_recipe
-from .data import PackedDataset, build_dataset, pack_concat, pack_restart
+from .data import build_dataset, collate, pack_concat, pack_restart, read_documents
 from .loss import chunked_linear_cross_entropy, full_linear_cross_entropy
 from .trainer import TrainResult, context_length_notes, load_trained, run_training
 
 __all__ = [
-    "Recipe", "RecipeError", "load_recipe", "validate_recipe", "PackedDataset", "build_dataset", "pack_concat",
-    "pack_restart", "chunked_linear_cross_entropy", "full_linear_cross_entropy", "TrainResult",
+    "Recipe", "RecipeError", "load_recipe", "validate_recipe", "build_dataset", "collate", "pack_concat",
+    "pack_restart", "read_documents", "chunked_linear_cross_entropy", "full_linear_cross_entropy", "TrainResult",
     "context_length_notes", "load_trained", "run_training",
 ]

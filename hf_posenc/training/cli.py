@@ -16,7 +16,8 @@ def add_train_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``train`` sub-command's arguments to ``parser``."""
     parser.add_argument("recipe", help="recipe YAML file (see recipes/)")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="dotted overrides read as YAML, e.g. training.max_steps=10 scheme.clip_low_n=16")
+                        help="dotted overrides read as YAML, e.g. training.max_steps=10 scheme.clip_low_n=16 "
+                             "(training.* takes any transformers.TrainingArguments field)")
     parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output.dir")
     parser.add_argument("--dry-run", action="store_true",
                         help="validate the recipe, print it with the context-length notes, load no weights")

