@@ -1,8 +1,9 @@
-"""Static tile tuning: how the GPU tile tables in triton_tapa.py / triton_tape.py were chosen, without a GPU.
+"""Static tile tuning: how the GPU tile tables in triton_tapa.py / triton_tape.py (and the decode tables in each
+op's decode.py) were chosen, without a GPU.
 
 For each kernel (forward, decode, dK/dV, dQ) of a family, architecture and head dim, every candidate
-(BLOCK_M, BLOCK_N, num_warps, num_stages) is planned through the family's own `lane_specs` (its `tiles` table
-patched to the candidate) and compiled for that architecture; the winner is the candidate with no register
+(BLOCK_M, BLOCK_N, num_warps, num_stages) is planned through the family's own `lane_specs` (its `tiles` table, or
+for decode its `decode.tile`, patched to the candidate) and compiled for that architecture; the winner is the candidate with no register
 spills (required at head dim <= 128) and shared memory within the limit that issues the fewest instructions
 per score element in its steady-state loop (benchmarks/kernels_static.py's count). A static proxy for speed:
 it does not see memory stalls or occupancy, which a run on the GPU (`hf-posenc selftest`) measures.
@@ -48,8 +49,11 @@ def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int
     from hf_posenc.kernels._triton import SHARED_LIMIT, Target, Tile, compile_spec, resources, sass
 
     mod = importlib.import_module(f"hf_posenc.kernels.{family}.triton_{family}")
-    table = mod.tiles
-    mod.tiles = lambda target, *dims: {**table(target, *dims), kernel: Tile(*tile)}  # every width bucket
+    if kernel == "decode":  # every width bucket
+        importlib.import_module(f"hf_posenc.kernels.{family}.decode").tile = lambda target, *dims: Tile(*tile)
+    else:
+        table = mod.tiles
+        mod.tiles = lambda target, *dims: {**table(target, *dims), kernel: Tile(*tile)}
     name = LAUNCH[kernel].format(f=family)
     out = dict(family=family, kernel=kernel, arch=arch, head_dim=head_dim, tile=tile, theta=theta, linear=linear)
     spec = next((s for s in mod.lane_specs(Target.gpu(arch), torch.bfloat16, head_dim)

@@ -54,6 +54,9 @@ def test_lane_covers_every_entry_kernel_and_flag(lane):
                             assert flags == want, (name, arch, dtype, d, flags)
                     for r in cell:
                         assert r.registers is not None and r.shared is not None and r.shared <= r.shared_limit
+                        if family == "tapa" and "DA" in r.constexprs:  # compiled with the heuristics' values
+                            assert r.constexprs["BDA"] == pow2(r.constexprs["DA"]), r.constexprs
+                            assert r.constexprs["IN_PREC"] == "tf32", r.constexprs
 
 
 def test_masks_are_runtime_arguments(lane):
@@ -95,6 +98,25 @@ def test_compile_inputs_refuses_interpreter_kernels():
         compile_inputs(spec, 90)  # conftest set TRITON_INTERPRET=1: the kernels are interpreter objects here
     interp = triton_tapa.plan_forward(q, q[:, :1], q[:, :1], args, INTERPRETER)[0][0]
     assert interp.constexprs["FAST"] is False  # no inline assembly in the interpreter
+
+
+def test_launch_spec_derives_the_kernels_heuristics():
+    """Constexprs the kernels declare with triton.heuristics are not planned: the spec evaluates the kernel's
+    own rules (the values the launch binds and the lane compiles); a plan that sets one is refused."""
+    q = torch.empty(1, 4, 40, 96, device="meta", dtype=torch.bfloat16)
+    k = torch.empty(1, 2, 40, 96, device="meta", dtype=torch.bfloat16)
+    for lq, lazy in ((40, True), (1, False)):
+        args = triton_tapa.validate_tapa_args(q[:, :, :lq], k, k, alpha=0.1, theta=0.25, phase="quadratic",
+                                              causal=True, q_positions=None, k_positions=None,
+                                              key_padding_mask=None, q_segment_ids=None, k_segment_ids=None)
+        spec = triton_tapa.plan_forward(q[:, :, :lq], k, k, args, Target.gpu(90))[0][0]
+        assert spec.derived == dict(BDA=32, BDP=128, IN_PREC="tf32", BDV=128, LAZY=lazy)  # DA 24, DP 72, D 96
+        assert not set(spec.derived) & set(spec.args)
+        assert {n: spec.constexprs[n] for n in spec.derived} == spec.derived
+    fp32 = triton_tapa.plan_forward(q[:, :, :1].float(), k.float(), k.float(), args, Target.gpu(90))[0][0]
+    assert fp32.derived["IN_PREC"] == "ieee"
+    with pytest.raises(TypeError, match="triton.heuristics"):
+        LaunchSpec(spec.name, spec.kernel, spec.grid, dict(spec.args, BDA=64))
 
 
 def test_launch_spec_checks_arguments_and_targets():

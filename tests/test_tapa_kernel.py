@@ -19,6 +19,7 @@ from hf_posenc.kernels.tapa import (
     uses_triton,
 )
 from hf_posenc.kernels._triton import INTERPRETER, Target, launch_all, plan_split_combine
+from hf_posenc.kernels.tapa import decode
 from hf_posenc.kernels.tapa.triton_tapa import tiles, use_decode_path
 
 # --------------------------------------------------------------------------------------------------
@@ -208,8 +209,29 @@ def test_kernel_lazy_rescaling_matches_reference(growth):
 
 
 def test_decode_shapes_take_decode_path():
-    assert use_decode_path(1, 2) and use_decode_path(3, 3) and use_decode_path(16, 8)
-    assert not use_decode_path(17, 1) and not use_decode_path(37, 2)
+    assert use_decode_path(1) and use_decode_path(3) and use_decode_path(16)
+    assert not use_decode_path(17) and not use_decode_path(37)
+
+
+@pytest.mark.parametrize("lk, splits", [(12, 1), (50, 4)], ids=["one-split", "split-k"])
+def test_decode_plan_splits_keys_only_when_there_are_several_blocks(monkeypatch, lk, splits):
+    """decode.plan_decode (interpreter: 16-key blocks, 8 programs): one key block, one split, and the decode
+    launch writes the results itself; 50 keys for 2 row-tile programs, 4 splits of 16 keys, their partials merged
+    by the combine. Both match the reference; only prefill tiles rescale lazily (the kernel's LAZY heuristic)."""
+    import hf_posenc.kernels.tapa.triton_tapa as tt
+
+    seen = []
+    real = tt.launch_all
+    monkeypatch.setattr(tt, "launch_all", lambda specs: (seen.append(specs), real(specs)))
+    q, k, v = _qkv(1, 4, 2, 2, lk, 32, seed=80 + lk)
+    out = tapa_attention_triton(q, k, v)
+    fwd = seen[-1][0]
+    assert [s.name for s in seen[-1]] == ["tapa_decode"] + (["split_combine"] if splits > 1 else [])
+    assert fwd.grid == (1, 2, splits) and fwd.args["GP"] == 2 and fwd.derived["LAZY"] is False
+    torch.testing.assert_close(out, tapa_attention_reference(q, k, v), atol=2e-5, rtol=2e-5)
+    q, k, v = _qkv(1, 4, 2, 17, lk + 17, 32, seed=81)
+    tapa_attention_triton(q, k, v)
+    assert [s.name for s in seen[-1]] == ["tapa_fwd"] and seen[-1][0].derived["LAZY"] is True
 
 
 @pytest.mark.parametrize("window", [None, 7])
@@ -478,7 +500,7 @@ def test_window_decode_reads_only_the_window():
     q, k, v = _qkv(1, 4, 2, 1, 200, 32, seed=70)
     W = 8
     ref = tapa_attention_reference(q, k, v, sliding_window=W)
-    bn = tiles(INTERPRETER, 32)["decode"].block_n
+    bn = decode.tile(INTERPRETER, 32).block_n
     first = ((200 - 1 - W + 1) // bn) * bn
     assert first >= 128
     k_bad, v_bad = k.clone(), v.clone()

@@ -3,10 +3,17 @@ helper kernels, and compiling a launch plan into a GPU binary on a machine witho
 
 One source of truth for launches: a family's host code *plans* every kernel launch as a :class:`LaunchSpec`
 (kernel, grid, every argument by name, num_warps, num_stages) for a :class:`Target`, and the real launcher runs
-exactly those specs. The compile lane (``hf_posenc.kernels.compile_lane``) plans the same calls on ``meta``
-tensors for an A100 / H100 target and compiles each spec with :func:`compile_spec`, which derives the kernel
-signature, constexprs and specialisation attributes through Triton's own argument binder, so what is compiled
-here is what ``kernel[grid](...)`` would compile on that GPU.
+exactly those specs. Constexprs that are pure functions of other arguments (padded tile widths, padding masks,
+the dot precision of the input dtype) are not planned: the kernels declare them with ``triton.heuristics``, and
+:class:`LaunchSpec` evaluates those same rules, so a spec knows every value a launch binds. The compile lane
+(``hf_posenc.kernels.compile_lane``) plans the same calls on ``meta`` tensors for an A100 / H100 target and
+compiles each spec with :func:`compile_spec`, which derives the kernel signature, constexprs and specialisation
+attributes through Triton's own argument binder, so what is compiled here is what ``kernel[grid](...)`` would
+compile on that GPU.
+
+Forward launches are laid out by :class:`ForwardLayout`: prefill runs one query head per program over all keys;
+calls with at most ``DECODE_MAX_LQ`` queries (:func:`use_decode_path`) run as split-K decode, planned by each
+op's ``decode.py``.
 
 Fast math (``FAST`` constexpr, on for CUDA targets, off in the interpreter, which has no inline assembly): the
 transcendental helpers below lower to the PTX approximate instructions (special-function unit, ``MUFU``):
@@ -31,6 +38,7 @@ import os
 import re
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
@@ -38,6 +46,7 @@ from typing import Any
 import torch
 import triton
 import triton.language as tl
+from triton.runtime.autotuner import Heuristics
 
 LOG2E = 1.4426950408889634
 ARCHS = (80, 90)  # the architectures the compile lane builds for: A100 (sm_80) and H100 (sm_90a)
@@ -108,41 +117,85 @@ def _cuda_target(index: int) -> Target:
     return Target(props.major * 10 + props.minor, props.multi_processor_count)
 
 
+Rule = Callable[[dict[str, Any]], Any]  # a triton.heuristics rule: launch arguments by name -> one constexpr
+
+
+def unwrap_heuristics(kernel: Any) -> tuple[Any, dict[str, Rule]]:
+    """(the JIT function under any ``triton.heuristics`` wrappers, their rules in the order Triton applies them
+    at launch: the outermost wrapper's first, each rule in its dict's order, each seeing the values before it)."""
+    rules: dict[str, Rule] = {}
+    while isinstance(kernel, Heuristics):
+        rules.update(kernel.values)
+        kernel = kernel.fn
+    return kernel, rules
+
+
 @dataclass
 class LaunchSpec:
-    """One planned kernel launch: every kernel parameter by name (tensors, ints, floats and constexprs)."""
+    """One planned kernel launch: every kernel parameter by name (tensors, ints, floats and constexprs) except
+    the constexprs the kernel derives with ``triton.heuristics``; those are evaluated here from `args` by the
+    kernel's own rules, as Triton evaluates them when :meth:`launch` runs the kernel, into `derived`
+    (`all_args` = what the launch binds, which the compile lane compiles)."""
 
     name: str
-    kernel: Any  # triton JITFunction (InterpretedFunction under TRITON_INTERPRET=1)
+    kernel: Any  # triton JITFunction (InterpretedFunction under TRITON_INTERPRET=1), maybe in triton.heuristics
     grid: tuple[int, ...]
     args: dict[str, Any]
     num_warps: int = 4
     num_stages: int = 1
+    jit: Any = field(default=None, init=False)  # `kernel` without its heuristics wrappers
+    derived: dict[str, Any] = field(default_factory=dict, init=False)
     constexpr_names: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
-        names = list(self.kernel.arg_names)
-        missing = [n for n in names if n not in self.args]
+        self.jit, rules = unwrap_heuristics(self.kernel)
+        names = list(self.jit.arg_names)
+        missing = [n for n in names if n not in self.args and n not in rules]
         extra = [n for n in self.args if n not in names]
         if missing or extra:
             raise TypeError(f"{self.name}: launch arguments do not match the kernel: missing {missing}, "
                             f"unknown {extra}")
-        params = getattr(self.kernel, "params", None)
+        planned = [n for n in rules if n in self.args]
+        if planned:
+            raise TypeError(f"{self.name}: {planned} are derived by the kernel's triton.heuristics and must not be "
+                            "planned")
+        # what Heuristics.run hands each rule: the launch's keyword arguments plus the values derived before it
+        seen = dict(self.args, grid=self.grid, warmup=False, num_warps=self.num_warps, num_stages=self.num_stages)
+        for n, rule in rules.items():
+            seen[n] = self.derived[n] = rule(seen)
+        params = getattr(self.jit, "params", None)
         if params is not None:
             self.constexpr_names = tuple(p.name for p in params if p.is_constexpr)
         else:  # interpreter objects: read the annotations of the Python function
-            sig = inspect.signature(getattr(self.kernel, "fn", self.kernel))
+            sig = inspect.signature(getattr(self.jit, "fn", self.jit))
             self.constexpr_names = tuple(n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation))
 
     def launch(self) -> None:
         if any(g <= 0 for g in self.grid):
             return
-        values = [self.args[n] for n in self.kernel.arg_names]
-        self.kernel[self.grid](*values, num_warps=self.num_warps, num_stages=self.num_stages)
+        self.kernel[self.grid](**self.args, num_warps=self.num_warps, num_stages=self.num_stages)
+
+    @property
+    def all_args(self) -> dict[str, Any]:
+        """Every kernel parameter as the launch binds it: the planned arguments and the derived constexprs."""
+        return {**self.args, **self.derived}
 
     @property
     def constexprs(self) -> dict[str, Any]:
-        return {n: self.args[n] for n in self.constexpr_names}
+        values = self.all_args
+        return {n: values[n] for n in self.constexpr_names}
+
+
+def padded_widths(**widths: str) -> dict[str, Rule]:
+    """``triton.heuristics`` rules for padded tile extents: ``padded_widths(BDA="DA")`` derives BDA = pow2(DA)
+    from the launch's DA (a constexpr or a runtime int)."""
+    return {name: (lambda a, w=width: pow2(a[w])) for name, width in widths.items()}
+
+
+def dot_precision(t: torch.Tensor) -> str:
+    """``input_precision`` of a kernel's dots on this input: exact fp32 ("ieee", FMA units) for fp32 tensors;
+    16-bit inputs take the tensor cores (where the flag is ignored)."""
+    return "ieee" if t.dtype == torch.float32 else "tf32"
 
 
 def jit_runtime_ints(*names: str):
@@ -232,12 +285,82 @@ def strides(t: torch.Tensor, n: int = 3) -> tuple[int, ...]:
     return tuple(t.stride(i) for i in range(n))
 
 
+def table_row(table: dict[str, dict[int, Any]], target: Target, width: int) -> Any:
+    """The entry of a per-architecture tile table (``"sm90"`` for Hopper and newer, ``"sm80"`` otherwise) in the
+    smallest width bucket >= `width` (the largest bucket beyond it)."""
+    buckets = table["sm90" if target.hopper else "sm80"]
+    return buckets[min((b for b in buckets if b >= width), default=max(buckets))]
+
+
+INTERPRETER_TILE = Tile(16, 16, 4, 1)  # every kernel's tile in the interpreter: small tests cross several blocks
+DECODE_MAX_LQ = 16  # calls with at most this many queries run as split-K decode
+
+
+def use_decode_path(q_len: int) -> bool:
+    """Whether a forward call runs as split-K decode with GQA-packed rows (`ForwardLayout.split_k`, planned by
+    the op's ``decode.py``): at most DECODE_MAX_LQ queries. The forward kernels' LAZY heuristic reads it too."""
+    return q_len <= DECODE_MAX_LQ
+
+
 def num_splits(target: Target, n_programs: int, kv_len: int, block_n: int) -> int:
     """Split-K factor for decode: about two programs per SM, at least 4 key blocks per split (1 in the
     interpreter so the tests exercise the combine step)."""
     min_blocks = 1 if target.interpreter else 4
     max_splits = max(1, triton.cdiv(kv_len, block_n * min_blocks))
     return max(1, min(max_splits, (2 * target.sm_count) // max(1, n_programs), 128))
+
+
+@dataclass(frozen=True)
+class ForwardLayout:
+    """How the programs of a forward launch cover rows and keys; grid (row tiles, batch × head programs, key
+    splits). A head program owns `heads` query heads whose `rows` = heads·Lq rows it packs (`packed_rows`: row r
+    is query r mod Lq of head r div Lq); the keys are cut into `splits` ranges of `split_len` keys (a multiple of
+    BLOCK_N). With one split the kernel writes the results; with several, per-split partials (normalised O and
+    base-2 LSE, −inf for an empty split) that `plan_split_combine` merges."""
+
+    heads: int
+    head_programs: int
+    rows: int
+    row_tiles: int
+    splits: int
+    split_len: int
+
+    @classmethod
+    def prefill(cls, q_heads: int, q_len: int, k_len: int, tile: Tile) -> "ForwardLayout":
+        """One query head per program, all keys in one split."""
+        return cls._cover(1, q_heads, q_len, k_len, tile, 1)
+
+    @classmethod
+    def split_k(cls, target: Target, batch: int, kv_heads: int, group: int, q_len: int, k_len: int,
+                tile: Tile) -> "ForwardLayout":
+        """Decode: a whole GQA group's rows per program (each K/V block is read once per kv head and row tile),
+        the key axis split across programs (`num_splits`)."""
+        n_programs = triton.cdiv(group * q_len, tile.block_m) * batch * kv_heads
+        return cls._cover(group, kv_heads, q_len, k_len, tile, num_splits(target, n_programs, k_len, tile.block_n))
+
+    @classmethod
+    def _cover(cls, heads: int, head_programs: int, q_len: int, k_len: int, tile: Tile,
+               splits: int) -> "ForwardLayout":
+        rows = heads * q_len
+        split_len = triton.cdiv(triton.cdiv(k_len, splits), tile.block_n) * tile.block_n
+        return cls(heads, head_programs, rows, triton.cdiv(rows, tile.block_m), triton.cdiv(k_len, split_len),
+                   split_len)
+
+    def grid(self, batch: int) -> tuple[int, int, int]:
+        return self.row_tiles, batch * self.head_programs, self.splits
+
+    def kernel_args(self, group: int, q_len: int, k_len: int) -> dict[str, Any]:
+        """The layout parameters of the forward kernels (both families name them alike)."""
+        return dict(H_PROG=self.head_programs, GP=self.heads, GROUP=group, R=self.rows, Lq=q_len, Lk=k_len,
+                    split_len=self.split_len, lse_empty=float("inf") if self.splits == 1 else float("-inf"))
+
+    def write_strides(self, t: torch.Tensor) -> tuple[int, ...]:
+        """(batch, head, split, row) strides of an output the forward kernel writes (the last dim, if any,
+        contiguous): a [B, H, S, Lq(, W)] partial with several splits, the [B, H, Lq(, W)] result itself (split
+        stride 0) with one."""
+        if self.splits > 1:
+            return tuple(t.stride()[:-1])
+        return (t.stride(0), t.stride(1), 0, *t.stride()[2:-1])
 
 
 @triton.jit
@@ -372,6 +495,7 @@ def add_rows(ptrs, x, row_ok, col_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
 # ----------------------------------------------------------------------------------------------------
 
 
+@triton.heuristics(padded_widths(BW1="W1", BW2="W2"))
 @triton.jit(do_not_specialize=["n_rows"])
 def _row_dot_kernel(A, B, C, D, OUT, n_rows, W1: tl.constexpr, BW1: tl.constexpr, W2: tl.constexpr,
                     BW2: tl.constexpr, BLOCK: tl.constexpr):
@@ -403,11 +527,12 @@ def plan_row_dot(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor, target: Ta
     return LaunchSpec(
         "row_dot", _row_dot_kernel, (triton.cdiv(n_rows, block),),
         dict(A=a, B=b, C=c if c is not None else a, D=d if d is not None else b, OUT=out, n_rows=n_rows,
-             W1=w1, BW1=pow2(w1), W2=w2, BW2=pow2(max(w2, 1)), BLOCK=block),
+             W1=w1, W2=w2, BLOCK=block),
         num_warps=4, num_stages=1,
     )
 
 
+@triton.heuristics(padded_widths(BW="W"))
 @triton.jit(do_not_specialize=["H", "Lq", "S"])
 def _split_combine_kernel(OS, LSES, O, LSE, H, Lq, S,
                           stride_osb, stride_osh, stride_oss, stride_osm,
@@ -458,7 +583,7 @@ def plan_split_combine(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torc
              stride_osb=o_parts.stride(0), stride_osh=o_parts.stride(1), stride_oss=o_parts.stride(2),
              stride_osm=o_parts.stride(3), stride_lsb=lse_parts.stride(0), stride_lsh=lse_parts.stride(1),
              stride_lss=lse_parts.stride(2), stride_ob=out.stride(0), stride_oh=out.stride(1),
-             stride_om=out.stride(2), W=W, BW=pow2(W), BLOCK_S=16),
+             stride_om=out.stride(2), W=W, BLOCK_S=16),
         num_warps=4, num_stages=1,
     )
 
@@ -479,15 +604,16 @@ def _tool(name: str) -> str:
 
 
 def compile_inputs(spec: LaunchSpec, arch: int) -> tuple[Any, dict, Any]:
-    """(ASTSource, options dict, GPUTarget) exactly as `spec.kernel[grid](...)` would build them on an sm_<arch>
-    device: signature, constexprs and divisibility attributes come from Triton's own argument binder (pointers
-    of the planned tensors, which the lane allocates on the meta device, count as 16-byte aligned)."""
+    """(ASTSource, options dict, GPUTarget) exactly as `spec.launch()` would build them on an sm_<arch> device:
+    signature, constexprs and divisibility attributes come from Triton's own argument binder over
+    `spec.all_args` (planned arguments and the constexprs the kernel's heuristics derive; pointers of the planned
+    tensors, which the lane allocates on the meta device, count as 16-byte aligned)."""
     from triton import knobs
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
     from triton.runtime.jit import JITFunction, create_function_from_signature
 
-    kernel = spec.kernel
+    kernel = spec.jit
     if not isinstance(kernel, JITFunction):
         raise TypeError(f"{spec.name}: {type(kernel).__name__} cannot be compiled for a GPU; unset "
                         "TRITON_INTERPRET before importing the kernels")
@@ -498,7 +624,8 @@ def compile_inputs(spec: LaunchSpec, arch: int) -> tuple[Any, dict, Any]:
     kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
     kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
-    bound_args, specialization, _ = binder(*[spec.args[n] for n in kernel.arg_names], **kwargs)
+    args = spec.all_args
+    bound_args, specialization, _ = binder(*[args[n] for n in kernel.arg_names], **kwargs)
     options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound_args, specialization, kwargs)
     return ASTSource(kernel, signature, constexprs, attrs), options.__dict__, target
 

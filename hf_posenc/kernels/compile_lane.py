@@ -112,7 +112,7 @@ def run_job(family: str, arch: int, dtype: str, head_dim: int, cubin_dir: str | 
     specs = mod.lane_specs(target, getattr(torch, dtype), head_dim)
     records: dict[str, LaneRecord] = {}
     for spec in specs:
-        rec = LaneRecord(family, getattr(spec.kernel, "__name__", spec.name), [spec.name], arch, dtype, head_dim,
+        rec = LaneRecord(family, getattr(spec.jit, "__name__", spec.name), [spec.name], arch, dtype, head_dim,
                          {k: _plain(v) for k, v in spec.constexprs.items()}, spec.num_warps, spec.num_stages,
                          shared_limit=SHARED_LIMIT[arch])
         try:

@@ -22,9 +22,9 @@ diagonal, at the window's left edge and at the ragged end run through one masked
 every row's window are never visited. With tags present every visible block takes the masked loop (the
 tag compare costs about as much as the causal one), so calls without padding or packing pay nothing.
 
-Decode (Lq ≤ 16) runs through the same forward kernel: the query rows of a whole GQA group are packed into one
-tile (row r is query r mod Lq of head r div Lq), so each K/V block is read once per kv head, and the key axis
-is split across programs (split-K); the shared split-combine kernel merges the normalised partials.
+Decode (Lq ≤ 16) runs through the same forward kernel with another layout, planned in `decode.py`: the query
+rows of a whole GQA group packed into one tile, the key axis split across programs (split-K), the partials
+merged by the shared split-combine kernel.
 
 Backward (FlashAttention-2 scheme): Δ = rowsum(dO∘O); dK/dV per key block looping over the group's query
 heads and query blocks. Scores are recomputed with cos and sin from one range reduction, dS = P∘(dP − Δ),
@@ -34,23 +34,29 @@ from the same tiles, added atomically into an fp32 buffer (fused: the trigonomet
 element; the default where the tile table lists it), or from a second kernel per query block looping over key
 blocks, which recomputes the scores (no atomics, bitwise reproducible: `deterministic=True`).
 
-All host-side choices (tiles, warps, stages, split-K, constexprs) are made by `plan_forward` /
-`plan_backward` for a `Target`; the launcher runs those plans and the compile lane compiles them.
+All host-side choices (tiles, warps, stages, split-K, constexprs) are made by `plan_forward` (`decode.plan_decode`
+for decode) / `plan_backward` for a `Target`; the launcher runs those plans and the compile lane compiles them.
+Constexprs that follow from other arguments (padded widths BDA / BDP / BDV, the dot precision IN_PREC of the
+input dtype, LAZY) are declared on the kernels with `triton.heuristics`.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import torch
 import triton
 import triton.language as tl
 
 from .._triton import (
+    DECODE_MAX_LQ,
+    INTERPRETER_TILE,
     LOG2E,
     NO_WINDOW,
     SPILL_FREE_MAX_HEAD_DIM,
+    ForwardLayout,
     LaunchSpec,
     Target,
     Tile,
@@ -58,28 +64,33 @@ from .._triton import (
     block_range,
     cos_sin_turns,
     cos_turns,
+    dot_precision,
     exp2,
     interpreting,
     jit_runtime_ints,
     launch_all,
     load_tile,
     log2,
-    num_splits,
     packed_rows,
+    padded_widths,
     plan_row_dot,
-    plan_split_combine,
     pow2,
     softmax_block,
     store_rows,
     strides,
+    table_row,
+    use_decode_path,
     visible,
 )
+from .decode import plan_decode
 from .naive import TapaArgs, tapa_op, validate_tapa_args
 
-DECODE_MAX_LQ = 16
 # shape, window and mask-presence arguments vary from call to call: one binary serves them all
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "H", "HKV", "Lq", "Lk", "split_len", "causal", "window",
                         "has_tags")
+# constexprs every TAPA kernel derives from its other arguments: padded amplitude / phase widths and the dot
+# precision of the inputs (with the padded value width, whose parameter name differs per kernel)
+_WIDTHS = dict(padded_widths(BDA="DA", BDP="DP"), IN_PREC=lambda a: dot_precision(a["Q"]))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -198,6 +209,7 @@ def _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base,
     return acc, l_i, m_i
 
 
+@triton.heuristics(dict(_WIDTHS, **padded_widths(BDV="DV"), LAZY=lambda a: not use_decode_path(a["Lq"])))
 @_jit
 def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                      stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -211,7 +223,8 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
     """Program (row tile, (batch, head program), key split). A head program owns GP query heads whose R = GP·Lq
     rows are packed (row r: head hp·GP + r div Lq, query r mod Lq); GP = 1 for prefill. Writes O (normalised, in
     O's dtype) and the base-2 LSE of its split; rows without a visible key get O = 0 and LSE = lse_empty (−inf
-    for split partials, which the combine weighs by 2^LSE; +inf in the final LSE, so the backward's P = 0)."""
+    for split partials, which the combine weighs by 2^LSE; +inf in the final LSE, so the backward's P = 0).
+    LAZY (lazy rescaling) is on for prefill, off for decode lengths."""
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(2)
     b64, kvh64, row_ok, head64, qi, qi_lo, qi_hi = packed_rows(pid_m, tl.program_id(1), H_PROG, GP, GROUP, R, Lq,
@@ -332,6 +345,7 @@ def _next_pair(h, j, n):
     return tl.where(j == n, h + 1, h), tl.where(j == n, 0, j)
 
 
+@triton.heuristics(dict(_WIDTHS, **padded_widths(BDV="DV_")))
 @_jit
 def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                           stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -460,6 +474,7 @@ def _dq_block(dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, 
     return dq_a, dq_p, dq_psum
 
 
+@triton.heuristics(dict(_WIDTHS, **padded_widths(BDV="DV")))
 @_jit
 def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                         stride_qb, stride_qh, stride_qm, stride_kb, stride_kh, stride_kn,
@@ -542,18 +557,18 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
 # benchmarks/tune_tiles.py: no register spills at head dims <= 128, shared memory within the limit, fewest issued
 # instructions per score element (see benchmarks/results/kernels-static-sm*.json). "bwd" is the fused backward
 # (dQ added atomically from the dK/dV tiles): listed where it issues fewer instructions than the two-kernel
-# backward ("dkdv" + "dq"), which runs elsewhere and whenever a deterministic backward is asked for.
+# backward ("dkdv" + "dq"), which runs elsewhere and whenever a deterministic backward is asked for. Decode
+# tiles: decode.py.
 _TILES = {
     "sm90": {
-        64: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), bwd=(32, 64, 4, 1), dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1)),
-        128: dict(fwd=(128, 64, 8, 2), decode=(16, 64, 4, 1), bwd=(16, 128, 8, 1), dkdv=(16, 64, 4, 1),
-                  dq=(64, 32, 4, 1)),
-        256: dict(fwd=(128, 32, 8, 2), decode=(16, 64, 4, 1), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+        64: dict(fwd=(128, 64, 8, 2), bwd=(32, 64, 4, 1), dkdv=(32, 64, 4, 1), dq=(64, 32, 4, 1)),
+        128: dict(fwd=(128, 64, 8, 2), bwd=(16, 128, 8, 1), dkdv=(16, 64, 4, 1), dq=(64, 32, 4, 1)),
+        256: dict(fwd=(128, 32, 8, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
     "sm80": {
-        64: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(32, 64, 4, 1), dq=(128, 32, 8, 2)),
-        128: dict(fwd=(128, 32, 8, 2), decode=(16, 128, 4, 2), dkdv=(16, 64, 4, 1), dq=(128, 32, 8, 1)),
-        256: dict(fwd=(64, 64, 8, 2), decode=(16, 64, 4, 1), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+        64: dict(fwd=(128, 64, 8, 2), dkdv=(32, 64, 4, 1), dq=(128, 32, 8, 2)),
+        128: dict(fwd=(128, 32, 8, 2), dkdv=(16, 64, 4, 1), dq=(128, 32, 8, 1)),
+        256: dict(fwd=(64, 64, 8, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
 }
 
@@ -565,23 +580,15 @@ def row_width(args: TapaArgs, head_dim: int) -> int:
 
 
 def tiles(target: Target, width: int) -> dict[str, Tile]:
-    """Tile / warp / stage choice per kernel ("fwd", "decode", fused "bwd" where it pays, two-kernel "dkdv" +
-    "dq") for a target and padded row width (`row_width`: the head dim at θ = 0.5 for power-of-two head dims;
-    larger when θ·D is not a power of two, since the register footprint follows the padded tiles).
+    """Tile / warp / stage choice per kernel ("fwd", fused "bwd" where it pays, two-kernel "dkdv" + "dq"; decode:
+    `decode.tile`) for a target and padded row width (`row_width`: the head dim at θ = 0.5 for power-of-two head
+    dims; larger when θ·D is not a power of two, since the register footprint follows the padded tiles).
     Interpreter: 16-wide tiles so small tests cross several blocks. GPUs: the sm_90 table for Hopper and newer,
     the sm_80 table otherwise; widths up to 64, up to 128, and larger (GPU-legal everywhere: powers of two,
     dot extents >= 16)."""
     if target.interpreter:
-        t = Tile(16, 16, 4, 1)
-        return {"fwd": t, "decode": t, "bwd": t, "dkdv": t, "dq": t}
-    table = _TILES["sm90" if target.hopper else "sm80"]
-    bucket = 64 if width <= 64 else 128 if width <= 128 else 256
-    return {k: Tile(*v) for k, v in table[bucket].items()}
-
-
-def use_decode_path(Lq: int, group: int) -> bool:
-    """Whether a call runs as split-K decode (GQA-packed rows): Lq <= 16 queries."""
-    return Lq <= DECODE_MAX_LQ
+        return dict.fromkeys(("fwd", "bwd", "dkdv", "dq"), INTERPRETER_TILE)
+    return {k: Tile(*v) for k, v in table_row(_TILES, target, width).items()}
 
 
 @dataclass
@@ -598,7 +605,6 @@ class _Inputs:
     c_a: float
     log2_cp: float
     window: int
-    in_prec: str
 
     @classmethod
     def build(cls, q: torch.Tensor, k: torch.Tensor, args: TapaArgs) -> "_Inputs":
@@ -625,12 +631,11 @@ class _Inputs:
             k_psum = k[..., args.amp_dims:].to(torch.float32).sum(-1).contiguous()
         w = args.sliding_window
         return cls(q_pos, k_pos, q_tag, k_tag, q_psum, k_psum, 1.0 / math.sqrt(args.amp_dims),
-                   math.log2(1.0 / math.sqrt(args.phase_dims)), w if w is not None and w < Lk else NO_WINDOW,
-                   "ieee" if q.dtype == torch.float32 else "tf32")
+                   math.log2(1.0 / math.sqrt(args.phase_dims)), w if w is not None and w < Lk else NO_WINDOW)
 
     def common(self, args: TapaArgs, target: Target) -> dict:
-        """Arguments every TAPA kernel takes (tag pointers are never read without tags: has_tags = 0, row-sum
-        pointers never without the linear phase)."""
+        """Arguments every TAPA kernel takes, less those its heuristics derive (tag pointers are never read without
+        tags: has_tags = 0, row-sum pointers never without the linear phase)."""
         if args.linear:
             sums = dict(QSUM=self.q_psum, KSUM=self.k_psum,
                         **dict(zip(("stride_sqb", "stride_sqh"), self.q_psum.stride())),
@@ -641,56 +646,42 @@ class _Inputs:
                     QTAG=self.q_tag if self.q_tag is not None else self.q_pos.view(torch.int32),
                     KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32), **sums,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
-                    alpha=args.alpha, log2_cp=self.log2_cp,
-                    DA=args.amp_dims, BDA=pow2(args.amp_dims), DP=args.phase_dims, BDP=pow2(args.phase_dims),
-                    LINEAR=args.linear, IN_PREC=self.in_prec, FAST=target.fast_math)
+                    alpha=args.alpha, log2_cp=self.log2_cp, DA=args.amp_dims, DP=args.phase_dims,
+                    LINEAR=args.linear, FAST=target.fast_math)
+
+
+def _forward_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target,
+                  inputs: _Inputs, name: str, layout: ForwardLayout, tile: Tile, o_out: torch.Tensor,
+                  lse_out: torch.Tensor) -> LaunchSpec:
+    """The forward kernel's launch for a layout and tile, writing O to `o_out` and the base-2 LSE to `lse_out`
+    (the results with one split, the partials with several: `ForwardLayout.write_strides`)."""
+    return LaunchSpec(
+        name, _tapa_fwd_kernel, layout.grid(q.shape[0]),
+        dict(Q=q, K=k, V=v, O=o_out, LSE=lse_out,
+             **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
+             **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
+             **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
+             **dict(zip(("stride_ob", "stride_oh", "stride_os", "stride_om"), layout.write_strides(o_out))),
+             **dict(zip(("stride_lb", "stride_lh", "stride_ls"), layout.write_strides(lse_out))),
+             **layout.kernel_args(args.group, q.shape[2], k.shape[2]), c_a2=inputs.c_a * LOG2E, DV=q.shape[3],
+             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **inputs.common(args, target)),
+        num_warps=tile.num_warps, num_stages=tile.num_stages,
+    )
 
 
 def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target,
                  inputs: _Inputs | None = None) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor]:
     """Launch plan of the forward: (specs, O [B, Hq, Lq, D], LSE [B, Hq, Lq] base 2, +inf for rows without a
-    visible key)."""
+    visible key). Prefill here; decode lengths (`use_decode_path`) by `decode.plan_decode`."""
     inputs = inputs if inputs is not None else _Inputs.build(q, k, args)
     B, H, Lq, D = q.shape
-    HKV, Lk = k.shape[1], k.shape[2]
+    forward = partial(_forward_spec, q, k, v, args, target, inputs)
+    if use_decode_path(Lq):
+        return plan_decode(q, k, args, target, row_width(args, D), forward)
     o = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    cfg = tiles(target, row_width(args, D))
-    decode = use_decode_path(Lq, args.group)
-    tile = cfg["decode"] if decode else cfg["fwd"]
-    if decode:
-        gp, h_prog = args.group, HKV
-    else:
-        gp, h_prog = 1, H
-    rows = gp * Lq
-    n_row_tiles = triton.cdiv(rows, tile.block_m)
-    splits = num_splits(target, n_row_tiles * B * h_prog, Lk, tile.block_n) if decode else 1
-    split_len = triton.cdiv(triton.cdiv(Lk, splits), tile.block_n) * tile.block_n
-    splits = triton.cdiv(Lk, split_len)
-    if splits == 1:
-        o_out, lse_out = o, lse
-        so, sl = (o.stride(0), o.stride(1), 0, o.stride(2)), (lse.stride(0), lse.stride(1), 0)
-    else:
-        o_out = torch.empty((B, H, splits, Lq, D), dtype=torch.float32, device=q.device)
-        lse_out = torch.empty((B, H, splits, Lq), dtype=torch.float32, device=q.device)
-        so, sl = strides(o_out, 4), strides(lse_out, 3)
-    fwd = LaunchSpec(
-        "tapa_decode" if decode else "tapa_fwd", _tapa_fwd_kernel, (n_row_tiles, B * h_prog, splits),
-        dict(Q=q, K=k, V=v, O=o_out, LSE=lse_out,
-             **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
-             **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
-             **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
-             **dict(zip(("stride_ob", "stride_oh", "stride_os", "stride_om"), so)),
-             **dict(zip(("stride_lb", "stride_lh", "stride_ls"), sl)),
-             H_PROG=h_prog, GP=gp, GROUP=args.group, R=rows, Lq=Lq, Lk=Lk, split_len=split_len,
-             c_a2=inputs.c_a * LOG2E, lse_empty=float("inf") if splits == 1 else float("-inf"), DV=D, BDV=pow2(D),
-             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, LAZY=not decode,
-             **inputs.common(args, target)),
-        num_warps=tile.num_warps, num_stages=tile.num_stages,
-    )
-    if splits == 1:
-        return [fwd], o, lse
-    return [fwd, plan_split_combine(o_out, lse_out, o, lse)], o, lse
+    tile = tiles(target, row_width(args, D))["fwd"]
+    return [forward("tapa_fwd", ForwardLayout.prefill(H, Lq, k.shape[2], tile), tile, o, lse)], o, lse
 
 
 @dataclass
@@ -744,7 +735,7 @@ def plan_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
                   **dict(zip(("stride_dob", "stride_doh", "stride_dom"), strides(do))),
                   **dict(zip(("stride_dqb", "stride_dqh", "stride_dqm"), strides(dq))),
                   DQ=dq, H=H, GROUP=args.group, Lq=Lq, Lk=Lk, c_a=inputs.c_a, c_a2=inputs.c_a * LOG2E,
-                  BDV=pow2(D), **inputs.common(args, target))
+                  **inputs.common(args, target))
     t = cfg["dkdv"] if deterministic else cfg["bwd"]
     dkdv = LaunchSpec(
         "tapa_bwd_dkdv" if deterministic else "tapa_bwd", _tapa_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * HKV),
@@ -850,7 +841,7 @@ def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[Launch
                                       sliding_window=extra.get("sliding_window"))
             fwd, o, lse = plan_forward(q, k, v, args, target)
             specs += fwd
-            if lq > DECODE_MAX_LQ:
+            if not use_decode_path(lq):
                 for deterministic in (False, True):
                     specs += plan_backward(q, k, v, o, lse, meta(B, H, lq, head_dim), args, target,
                                            deterministic=deterministic).specs
@@ -858,4 +849,4 @@ def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[Launch
 
 
 __all__ = ["tapa_attention_triton", "plan_forward", "plan_backward", "BackwardPlan", "tiles", "row_width",
-           "use_decode_path", "lane_specs"]
+           "use_decode_path", "DECODE_MAX_LQ", "lane_specs"]

@@ -14,9 +14,9 @@ serves every mask combination; with padding every visible block takes the masked
 h // group; repeated K/V/E are never materialised. The base-2 log-sum-exp is saved for the backward. Batch
 and head offsets are 64-bit (the scalar part of every address).
 
-Decode (Lq <= 16): the query rows of a whole GQA group are packed into 16-row tiles (row r is query
-r mod Lq of head r div Lq), so every K/V/E tile is read once per KV head and row tile, and the key axis is
-split across programs (split-K); the shared split-combine kernel merges the partial (O | Ẽ, LSE).
+Decode (Lq <= 16) runs through the same forward kernel with another layout, planned in `decode.py`: the query
+rows of a whole GQA group packed into 16-row tiles, the key axis split across programs (split-K), the partial
+(O | Ẽ, LSE) merged by the shared split-combine kernel.
 
 Backward (exact, FlashAttention-2 scheme, no atomics). With dO and dẼ the output gradients:
     Δ  = rowsum(dO∘O) + rowsum(dẼ∘Ẽ)
@@ -28,22 +28,30 @@ loops over the group's heads and the query blocks); dq comes from a program per 
 over key blocks. The dẼ terms enter dP and Δ, so dq and dk receive the positional outputs' gradient
 (the released kernel dropped exactly those contributions).
 
-All host-side choices are made by `plan_forward` / `plan_backward` for a `Target`; the launcher runs those
-plans and the compile lane compiles them.
+All host-side choices are made by `plan_forward` (`decode.plan_decode` for decode) / `plan_backward` for a
+`Target`; the launcher runs those plans and the compile lane compiles them. Constexprs that follow from other
+arguments (padded widths BLOCK_D / BLOCK_DE, their masks D_MASK / DE_MASK, the dot precision DOT_PREC of the input
+dtype, LAZY) are declared on the kernels with `triton.heuristics`.
 """
 
 from __future__ import annotations
+
+from functools import partial
 
 import torch
 import triton
 import triton.language as tl
 
 from .._triton import (
+    DECODE_MAX_LQ,
+    INTERPRETER_TILE,
     LOG2E,
+    ForwardLayout,
     LaunchSpec,
     Target,
     Tile,
     block_range,
+    dot_precision,
     exp2,
     finite_max,
     interpreting,
@@ -51,20 +59,25 @@ from .._triton import (
     launch_all,
     lazy_max,
     load_tile,
-    num_splits,
     packed_rows,
+    padded_widths,
     plan_row_dot,
-    plan_split_combine,
     pow2,
     store_rows,
     strides,
+    table_row,
+    use_decode_path,
     visible,
 )
+from .decode import plan_decode
 from .naive import TapeArgs, validate_tape_args
 
-DECODE_MAX_LQ = 16
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "Hq", "Hkv", "Lq", "Lk", "D", "DE", "split_len", "causal",
                         "has_kpm")
+# constexprs every TAPE kernel derives from its other arguments: the padded widths of V and E, whether they are
+# padded (column masks), the dot precision of the inputs
+_WIDTHS = dict(padded_widths(BLOCK_D="D", BLOCK_DE="DE"), D_MASK=lambda a: a["BLOCK_D"] != a["D"],
+               DE_MASK=lambda a: a["BLOCK_DE"] != a["DE"], DOT_PREC=lambda a: dot_precision(a["Q"]))
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -103,6 +116,7 @@ def _fwd_block(acc_o, acc_e, m_i, l_i, q, qi, start_n, k_base, v_base, e_base, k
     return acc_o, acc_e, m_i, l_i
 
 
+@triton.heuristics(dict(_WIDTHS, LAZY=lambda a: not use_decode_path(a["Lq"])))
 @_jit
 def _tape_fwd_kernel(
     Q, K, V, E, KPM, O, EO, LSE,
@@ -115,7 +129,8 @@ def _tape_fwd_kernel(
     """Program (row block, (batch, head program), key split). Row r of the R = GP·Lq rows of a head program
     is query r mod Lq of query head hp·GP + r div Lq (GP = 1: plain tiles; GP = group: packed decode).
     Writes normalised O, Ẽ and the base-2 LSE of its split; rows without a visible key get zeros and LSE =
-    lse_empty (−inf for split partials, +inf in the final LSE so that the backward's P = 0)."""
+    lse_empty (−inf for split partials, +inf in the final LSE so that the backward's P = 0). LAZY (lazy
+    rescaling) is on for prefill, off for decode lengths."""
     pid_s = tl.program_id(2)
     b64, kvh64, row_ok, head64, qi, qi_lo, qi_hi = packed_rows(tl.program_id(0), tl.program_id(1), H_PROG, GP, GROUP,
                                                                R, Lq, BLOCK_M)
@@ -206,6 +221,7 @@ def _dkdv_block(dk, dv, de, k, v, e, keep, cols, start_m, q_base, do_base, deo_b
     return dk, dv, de
 
 
+@triton.heuristics(_WIDTHS)
 @_jit
 def _tape_bwd_dkdv_kernel(
     Q, K, V, E, DO, DEO, LSE, DELTA, KPM, DK, DV, DE_,
@@ -313,6 +329,7 @@ def _dq_block(dq, q, do, deo, lse, delta, rows, start_n, k_base, v_base, e_base,
     return dq
 
 
+@triton.heuristics(_WIDTHS)
 @_jit
 def _tape_bwd_dq_kernel(
     Q, K, V, E, DO, DEO, LSE, DELTA, KPM, DQ,
@@ -379,36 +396,28 @@ def _tape_bwd_dq_kernel(
 
 # GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and padded width of [V | E], chosen
 # offline by benchmarks/tune_tiles.py (no spills at D <= 128, shared memory within the limit, fewest issued
-# instructions per score element)
+# instructions per score element). Decode tiles: decode.py.
 _TILES = {
     "sm90": {
-        128: dict(fwd=(128, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 1)),
-        256: dict(fwd=(128, 64, 8, 2), decode=(16, 64, 4, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 1)),
-        512: dict(fwd=(64, 64, 8, 2), decode=(16, 32, 4, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+        128: dict(fwd=(128, 64, 8, 2), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 1)),
+        256: dict(fwd=(128, 64, 8, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 1)),
+        512: dict(fwd=(64, 64, 8, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
     "sm80": {
-        128: dict(fwd=(128, 64, 8, 3), decode=(16, 128, 4, 2), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 2)),
-        256: dict(fwd=(64, 64, 8, 2), decode=(16, 128, 4, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 2)),
-        512: dict(fwd=(64, 64, 8, 2), decode=(16, 32, 4, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
+        128: dict(fwd=(128, 64, 8, 3), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 2)),
+        256: dict(fwd=(64, 64, 8, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 2)),
+        512: dict(fwd=(64, 64, 8, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
 }
 
 
 def tiles(target: Target, block_d: int, block_de: int) -> dict[str, Tile]:
-    """Tile / warp / stage choice per kernel ("fwd", "decode", "dkdv", "dq") for a target and the padded
-    widths of V and E (their sum sets the accumulator width). Interpreter: 16-wide tiles so small tests cross
-    several blocks. GPUs: the sm_90 table for Hopper and newer, the sm_80 table otherwise."""
+    """Tile / warp / stage choice per kernel ("fwd", "dkdv", "dq"; decode: `decode.tile`) for a target and the
+    padded widths of V and E (their sum sets the accumulator width). Interpreter: 16-wide tiles so small tests
+    cross several blocks. GPUs: the sm_90 table for Hopper and newer, the sm_80 table otherwise."""
     if target.interpreter:
-        t = Tile(16, 16, 4, 1)
-        return {"fwd": t, "decode": t, "dkdv": t, "dq": t}
-    width = block_d + block_de
-    table = _TILES["sm90" if target.hopper else "sm80"]
-    bucket = 128 if width <= 128 else 256 if width <= 256 else 512
-    return {k: Tile(*v) for k, v in table[bucket].items()}
-
-
-def _dot_precision(dtype: torch.dtype) -> str:
-    return "ieee" if dtype == torch.float32 else "tf32"  # fp32 stays exact; 16-bit dots ignore the flag
+        return dict.fromkeys(("fwd", "dkdv", "dq"), INTERPRETER_TILE)
+    return {k: Tile(*v) for k, v in table_row(_TILES, target, block_d + block_de).items()}
 
 
 def _kpm(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -419,56 +428,41 @@ def _kpm(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.
     return kpm, kpm.stride(0)
 
 
-def plan_forward(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | None, target: Target
-                 ) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch plan of the forward: (specs, o, e_out, lse) with lse the fp32 base-2 log-sum-exp [B, Hq, Lq]
-    (+inf for rows without a visible key). q, k, v, e must have a contiguous last dim."""
-    B, Hq, Hkv, Lq, Lk, D, De = (args.batch, args.q_heads, args.kv_heads, args.q_len, args.k_len,
-                                 args.head_dim, args.e_dim)
-    block_d, block_de = pow2(D), pow2(De)
-    cfg = tiles(target, block_d, block_de)
-    decode = Lq <= DECODE_MAX_LQ
-    tile = cfg["decode"] if decode else cfg["fwd"]
-    gp, h_prog = (args.group, Hkv) if decode else (1, Hq)
-    rows = gp * Lq
-    n_row_tiles = triton.cdiv(rows, tile.block_m)
-    splits = num_splits(target, n_row_tiles * B * h_prog, Lk, tile.block_n) if decode else 1
-    split_len = triton.cdiv(triton.cdiv(Lk, splits), tile.block_n) * tile.block_n
-    splits = triton.cdiv(Lk, split_len)
-
-    o = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
-    eo = torch.empty(B, Hq, Lq, De, device=q.device, dtype=q.dtype)
-    lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    if splits == 1:
-        o_out, eo_out, lse_out = o, eo, lse
-        so = (o.stride(0), o.stride(1), 0, o.stride(2))
-        seo = (eo.stride(0), eo.stride(1), 0, eo.stride(2))
-        sl = (lse.stride(0), lse.stride(1), 0)
-    else:  # normalised fp32 partials of O and Ẽ side by side in one buffer, merged by one combine launch
-        parts = torch.empty(B, Hq, splits, Lq, D + De, device=q.device, dtype=torch.float32)
-        o_out, eo_out = parts[..., :D], parts[..., D:]
-        lse_out = torch.empty(B, Hq, splits, Lq, device=q.device, dtype=torch.float32)
-        so, seo, sl = strides(o_out, 4), strides(eo_out, 4), strides(lse_out, 3)
+def _forward_spec(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | None, target: Target, name: str,
+                  layout: ForwardLayout, tile: Tile, o_out: torch.Tensor, eo_out: torch.Tensor,
+                  lse_out: torch.Tensor) -> LaunchSpec:
+    """The forward kernel's launch for a layout and tile, writing O, Ẽ and the base-2 LSE to `o_out`, `eo_out`,
+    `lse_out` (the results with one split, the partials with several: `ForwardLayout.write_strides`)."""
     kpm, skpm = _kpm(key_padding_mask, q)
-    fwd = LaunchSpec(
-        "tape_decode" if decode else "tape_fwd", _tape_fwd_kernel, (n_row_tiles, B * h_prog, splits),
+    return LaunchSpec(
+        name, _tape_fwd_kernel, layout.grid(args.batch),
         dict(Q=q, K=k, V=v, E=e, KPM=kpm, O=o_out, EO=eo_out, LSE=lse_out,
              **dict(zip(("sqb", "sqh", "sql"), strides(q))), **dict(zip(("skb", "skh", "skl"), strides(k))),
              **dict(zip(("svb", "svh", "svl"), strides(v))), **dict(zip(("seb", "seh", "sel"), strides(e))),
-             **dict(zip(("sob", "soh", "sos", "sol"), so)), **dict(zip(("seob", "seoh", "seos", "seol"), seo)),
-             **dict(zip(("slb", "slh", "sls"), sl)), skpm=skpm,
-             H_PROG=h_prog, GP=gp, GROUP=args.group, R=rows, Lq=Lq, Lk=Lk, D=D, DE=De, split_len=split_len,
+             **dict(zip(("sob", "soh", "sos", "sol"), layout.write_strides(o_out))),
+             **dict(zip(("seob", "seoh", "seos", "seol"), layout.write_strides(eo_out))),
+             **dict(zip(("slb", "slh", "sls"), layout.write_strides(lse_out))), skpm=skpm,
+             **layout.kernel_args(args.group, args.q_len, args.k_len), D=args.head_dim, DE=args.e_dim,
              causal=int(args.causal), has_kpm=int(key_padding_mask is not None), qk_scale=args.scale * LOG2E,
-             lse_empty=float("inf") if splits == 1 else float("-inf"),
-             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_D=block_d, BLOCK_DE=block_de,
-             D_MASK=block_d != D, DE_MASK=block_de != De, DOT_PREC=_dot_precision(q.dtype), FAST=target.fast_math,
-             LAZY=not decode),
+             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, FAST=target.fast_math),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
-    if splits == 1:
-        return [fwd], o, eo, lse
-    out = torch.empty(B, Hq, Lq, D + De, device=q.device, dtype=q.dtype)
-    return [fwd, plan_split_combine(parts, lse_out, out, lse)], out[..., :D], out[..., D:], lse
+
+
+def plan_forward(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | None, target: Target
+                 ) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch plan of the forward: (specs, o, e_out, lse) with lse the fp32 base-2 log-sum-exp [B, Hq, Lq]
+    (+inf for rows without a visible key). q, k, v, e must have a contiguous last dim. Prefill here; decode
+    lengths (`use_decode_path`) by `decode.plan_decode`."""
+    B, Hq, Lq, D, De = args.batch, args.q_heads, args.q_len, args.head_dim, args.e_dim
+    forward = partial(_forward_spec, q, k, v, e, args, key_padding_mask, target)
+    if use_decode_path(Lq):
+        return plan_decode(q, args, target, forward)
+    tile = tiles(target, pow2(D), pow2(De))["fwd"]
+    o = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
+    eo = torch.empty(B, Hq, Lq, De, device=q.device, dtype=q.dtype)
+    lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
+    return [forward("tape_fwd", ForwardLayout.prefill(Hq, Lq, args.k_len, tile), tile, o, eo, lse)], o, eo, lse
 
 
 def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, key_padding_mask: torch.Tensor | None,
@@ -476,8 +470,7 @@ def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, key_padding_m
     """Launch plan of the exact backward: (specs, dq, dk, dv, de). do, deo, o, eo, lse must be contiguous."""
     B, Hq, Hkv, Lq, Lk, D, De = (args.batch, args.q_heads, args.kv_heads, args.q_len, args.k_len,
                                  args.head_dim, args.e_dim)
-    block_d, block_de = pow2(D), pow2(De)
-    cfg = tiles(target, block_d, block_de)
+    cfg = tiles(target, pow2(D), pow2(De))
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
     kpm, skpm = _kpm(key_padding_mask, q)
     dq = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
@@ -491,8 +484,7 @@ def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, key_padding_m
                   **dict(zip(("sdeob", "sdeoh", "sdeol"), strides(deo))), skpm=skpm,
                   Hq=Hq, Lq=Lq, Lk=Lk, D=D, DE=De, GROUP=args.group, causal=int(args.causal),
                   has_kpm=int(key_padding_mask is not None), qk_scale=args.scale * LOG2E, scale=args.scale,
-                  BLOCK_D=block_d, BLOCK_DE=block_de, D_MASK=block_d != D, DE_MASK=block_de != De,
-                  DOT_PREC=_dot_precision(q.dtype), FAST=target.fast_math)
+                  FAST=target.fast_math)
     t = cfg["dkdv"]
     dkdv = LaunchSpec("tape_bwd_dkdv", _tape_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * Hkv),
                       dict(common, DK=dk, DV=dv, DE_=de, Hkv=Hkv, BLOCK_M=t.block_m, BLOCK_N=t.block_n),
@@ -580,7 +572,11 @@ def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[Launch
                 args = validate_tape_args(q, k, v, e, None, causal, kpm)
                 fwd, o, eo, lse = plan_forward(q, k, v, e, args, kpm, target)
                 specs += fwd
-                if lq > DECODE_MAX_LQ:
+                if not use_decode_path(lq):
                     specs += plan_backward(torch.empty_like(o), torch.empty_like(eo), q, k, v, e, o, eo, lse,
                                            args, kpm, target)[0]
     return specs
+
+
+__all__ = ["tape_attention_triton", "tape_forward", "tape_backward", "plan_forward", "plan_backward", "tiles",
+           "use_decode_path", "DECODE_MAX_LQ", "lane_specs"]

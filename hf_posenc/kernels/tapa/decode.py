@@ -1,0 +1,59 @@
+"""TAPA decode: the launch plan of forward calls with at most ``DECODE_MAX_LQ`` queries
+(:func:`~hf_posenc.kernels._triton.use_decode_path`), which run as split-K decode.
+
+The forward kernel (``triton_tapa._tapa_fwd_kernel``, the same JIT function as prefill with other launch
+arguments) runs with the split-K layout (:meth:`~hf_posenc.kernels._triton.ForwardLayout.split_k`): the query rows
+of a whole GQA group are packed into one 16-row tile (row r is query r mod Lq of head r div Lq), so each K/V block
+is read once per kv head, and the key axis is split across programs. With several splits each one writes its
+normalised O and base-2 LSE in fp32 and the shared split-combine kernel merges them; with one (short caches, many
+programs) the kernel writes the results. Its LAZY heuristic is off at decode lengths (16-row tiles gain nothing
+from the lazy-rescale branch, which costs them stack).
+
+This module holds the decode tile per target, the layout, the buffers and the combine launch; the forward
+kernel's arguments come from the op's ``_forward_spec``, handed in by ``triton_tapa.plan_forward``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .._triton import INTERPRETER_TILE, ForwardLayout, LaunchSpec, Target, Tile, plan_split_combine, table_row
+from .naive import TapaArgs
+
+# GPU decode tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and row-width bucket
+# (`triton_tapa.row_width`), chosen offline by benchmarks/tune_tiles.py --kernel decode as the other tables are: no
+# register spills at head dims <= 128, shared memory within the limit, fewest issued instructions per score element
+_TILES = {
+    "sm90": {64: (16, 128, 4, 2), 128: (16, 64, 4, 1), 256: (16, 64, 4, 1)},
+    "sm80": {64: (16, 128, 4, 2), 128: (16, 128, 4, 2), 256: (16, 64, 4, 1)},
+}
+
+# (launch name, layout, tile, O or its partials, LSE or its partials) -> the forward kernel's launch
+ForwardSpec = Callable[[str, ForwardLayout, Tile, torch.Tensor, torch.Tensor], LaunchSpec]
+
+
+def tile(target: Target, width: int) -> Tile:
+    """Decode tile for a target and padded row width (buckets up to 64, up to 128, larger; the sm_90 table for
+    Hopper and newer, the sm_80 table otherwise); 16 × 16 in the interpreter."""
+    if target.interpreter:
+        return INTERPRETER_TILE
+    return Tile(*table_row(_TILES, target, width))
+
+
+def plan_decode(q: torch.Tensor, k: torch.Tensor, args: TapaArgs, target: Target, width: int,
+                forward: ForwardSpec) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor]:
+    """Launch plan of a decode forward: (specs, O [B, Hq, Lq, D], LSE [B, Hq, Lq] base 2, +inf for rows without
+    a visible key): the forward launch "tapa_decode", then the split combine when the keys are split."""
+    B, H, Lq, D = q.shape
+    t = tile(target, width)
+    layout = ForwardLayout.split_k(target, B, k.shape[1], args.group, Lq, k.shape[2], t)
+    o = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
+    if layout.splits == 1:
+        return [forward("tapa_decode", layout, t, o, lse)], o, lse
+    o_parts = torch.empty((B, H, layout.splits, Lq, D), dtype=torch.float32, device=q.device)
+    lse_parts = torch.empty((B, H, layout.splits, Lq), dtype=torch.float32, device=q.device)
+    fwd = forward("tapa_decode", layout, t, o_parts, lse_parts)
+    return [fwd, plan_split_combine(o_parts, lse_parts, o, lse)], o, lse
