@@ -30,6 +30,11 @@ def test_every_scheme_is_registered_once_by_its_own_package():
         registry.register_scheme(SCHEMES["tapa"])
     with pytest.raises(TypeError, match="SchemeConfig subclass"):
         registry.register_scheme(dict)
+    with pytest.raises(TypeError, match="RopeType"):
+        registry.register_scheme(_HalfConfig, rope_types={"test_half": _half_init})
+    with pytest.raises(TypeError, match="AttentionFunctions"):
+        registry.register_scheme(_HalfConfig, attention=_half_init)
+    assert "test_half" not in SCHEMES and "test_half" not in ROPE_TYPES  # a refused call registers nothing
 
 
 @dataclass(frozen=True)

@@ -173,7 +173,9 @@ class LaunchSpec:
     def launch(self) -> None:
         if any(g <= 0 for g in self.grid):
             return
-        self.kernel[self.grid](**self.args, num_warps=self.num_warps, num_stages=self.num_stages)
+        # the JIT function itself with the derived constexprs evaluated once, in __post_init__ (going through the
+        # heuristics wrapper would evaluate every rule again on each launch)
+        self.jit[self.grid](**self.all_args, num_warps=self.num_warps, num_stages=self.num_stages)
 
     @property
     def all_args(self) -> dict[str, Any]:

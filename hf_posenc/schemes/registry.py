@@ -66,6 +66,10 @@ def register_scheme(config: type[SchemeConfig], *, rope_types: Mapping[str, Rope
     package that holds it). Call it at the end of the scheme package's ``__init__``."""
     if not (isinstance(config, type) and issubclass(config, SchemeConfig)):
         raise TypeError(f"register_scheme: expected a SchemeConfig subclass, got {config!r}.")
+    if not all(isinstance(r, RopeType) for r in (rope_types or {}).values()):
+        raise TypeError("register_scheme: rope_types maps each rope type name to a RopeType(init=..., validate=...).")
+    if attention is not None and not isinstance(attention, AttentionFunctions):
+        raise TypeError("register_scheme: attention must be AttentionFunctions(name=..., forward=..., mask=...).")
     name = config.name
     if name in REGISTRY:
         raise ValueError(f"scheme {name!r} is already registered by {REGISTRY[name].package}; pick another "
