@@ -255,10 +255,10 @@ def test_dispatch(monkeypatch):
 
     (q, k, v, e), _ = make_inputs(1, 2, 1, 5, 7, 16, 8, left_pad=False)
     calls = []
-    for name in ("tape_attention_triton", "tape_attention_reference"):
-        real = getattr(tape_ops, name)
-        monkeypatch.setattr(tape_ops, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or
-                            _real(*a, **kw))
+    for name in ("tape_attention_triton", "tape_attention_reference"):  # the dispatcher hands over validated args
+        real = getattr(tape_ops, name).with_args
+        monkeypatch.setattr(getattr(tape_ops, name), "with_args", lambda *a, _real=real, _name=name:
+                            calls.append(_name) or _real(*a))
     assert uses_triton(q)  # CUDA, or the interpreter set by conftest.py
     assert not uses_triton(q.double())
     o, eo = tape_attention(q, k, v, e)

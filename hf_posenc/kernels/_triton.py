@@ -49,7 +49,6 @@ import triton.language as tl
 from triton.runtime.autotuner import Heuristics
 
 LOG2E = 1.4426950408889634
-ARCHS = (80, 90)  # the architectures the compile lane builds for: A100 (sm_80) and H100 (sm_90a)
 # largest dynamic shared memory one block may use (cudaDevAttrMaxSharedMemoryPerBlockOptin): Triton's launcher
 # refuses a kernel above it ("out of resources: shared memory")
 SHARED_LIMIT = {80: 166912, 90: 232448}
@@ -381,6 +380,15 @@ def load_tile(ptrs, row_ok, col_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
 
 
 @triton.jit
+def load_vector(ptrs, ok, other, MASKED: tl.constexpr):
+    """Load one value per row, under the row mask only where the constexpr says rows can be out of range."""
+    if MASKED:
+        return tl.load(ptrs, mask=ok, other=other)
+    else:
+        return tl.load(ptrs)
+
+
+@triton.jit
 def visible(q_idx2, k_idx2, k_ok2, rb, lb):
     """Causal / window / bounds visibility: key j is visible to query i iff lb < j − i <= rb and j < Lk."""
     diff = k_idx2 - q_idx2
@@ -405,6 +413,43 @@ def block_range(lo_s, hi_s, qi_lo, qi_hi, off, rb, window, all_masked, BLOCK_N: 
     n_left = tl.maximum(u_lo - lo, 0) // BLOCK_N
     n_right = tl.cdiv(tl.maximum(hi - u_hi, 0), BLOCK_N)
     return lo, u_lo, u_hi, n_left, n_left + n_right
+
+
+@triton.jit
+def masked_block(it, n_left, lo, u_hi, BLOCK: tl.constexpr):
+    """Start of the it-th masked block of a schedule (`block_range`, `query_block_range`): the n_left blocks from
+    lo, then those from u_hi."""
+    return tl.where(it < n_left, lo + it * BLOCK, u_hi + (it - n_left) * BLOCK)
+
+
+@triton.jit
+def query_block_range(start_n, Lq, Lk, rb, lb, all_masked, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Query-block schedule of the backward's key block [start_n, start_n + BLOCK_N): query i sees key j iff
+    lb < j − i <= rb, so rows i >= start_n − rb and i < start_n + BLOCK_N − 1 − lb; every key of the block for
+    i >= start_n + BLOCK_N − 1 − rb (causal) and i + BLOCK_M <= start_n − lb (window), keys in range and
+    all_masked == 0 (with per-key masks every block takes the masked path). Returns (m_lo, u_lo, u_hi, n_left,
+    n_masked, n_full): the n_full blocks from u_lo are visible in full; the n_masked masked ones are the n_left
+    from m_lo, then those from u_hi (`masked_block`)."""
+    m_lo = (tl.maximum(start_n - rb, 0) // BLOCK_M) * BLOCK_M
+    m_hi = tl.minimum(Lq, start_n + BLOCK_N - 1 - lb)
+    m_hi_al = tl.cdiv(tl.maximum(m_hi, 0), BLOCK_M) * BLOCK_M
+    u_lo = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - rb, 0), BLOCK_M) * BLOCK_M
+    u_lo = tl.minimum(tl.maximum(u_lo, m_lo), m_hi_al)
+    u_hi = (tl.maximum(tl.minimum(Lq, start_n - lb), 0) // BLOCK_M) * BLOCK_M
+    u_hi = tl.where((start_n + BLOCK_N <= Lk) & (all_masked == 0), u_hi, 0)
+    u_hi = tl.maximum(tl.minimum(u_hi, m_hi_al), u_lo)
+    n_left = tl.maximum(u_lo - m_lo, 0) // BLOCK_M
+    n_masked = n_left + tl.cdiv(tl.maximum(m_hi - u_hi, 0), BLOCK_M)
+    n_full = tl.maximum(u_hi - u_lo, 0) // BLOCK_M
+    return m_lo, u_lo, u_hi, n_left, n_masked, n_full
+
+
+@triton.jit
+def next_pair(h, j, n):
+    """Advance a (head, block) pair counter over n blocks per head (the backward's flat loops over the query heads
+    of a GQA group and their query blocks: nested loops cost registers)."""
+    j += 1
+    return tl.where(j == n, h + 1, h), tl.where(j == n, 0, j)
 
 
 @triton.jit

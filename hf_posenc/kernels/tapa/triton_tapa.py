@@ -70,11 +70,15 @@ from .._triton import (
     jit_runtime_ints,
     launch_all,
     load_tile,
+    load_vector,
     log2,
+    masked_block,
+    next_pair,
     packed_rows,
     padded_widths,
     plan_row_dot,
     pow2,
+    query_block_range,
     softmax_block,
     store_rows,
     strides,
@@ -130,17 +134,11 @@ def _row_block(start, base, off_a, off_p, off_v, stride_a, stride_v, POS, L,
     xb = base[0] + r64 * stride_a
     x_a = load_tile(xb + off_a, ok, tl.arange(0, BDA) < DA, MASKED, BDA != DA)
     if LINEAR:
-        if MASKED:
-            x_p = tl.load(base[2] + idx, mask=ok, other=0.0)
-        else:
-            x_p = tl.load(base[2] + idx)
+        x_p = load_vector(base[2] + idx, ok, 0.0, MASKED)
     else:
         x_p = load_tile(xb + DA + off_p, ok, tl.arange(0, BDP) < DP, MASKED, BDP != DP)
     y = load_tile(base[1] + r64 * stride_v + off_v, ok, tl.arange(0, BDV) < DV, MASKED, BDV != DV)
-    if MASKED:
-        pos = tl.load(POS + idx, mask=ok, other=0.0)
-    else:
-        pos = tl.load(POS + idx)
+    pos = load_vector(POS + idx, ok, 0.0, MASKED)
     return idx, ok, x_a, x_p, y, pos
 
 
@@ -267,7 +265,7 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                                    alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
                                    False, LINEAR, IN_PREC, FAST, LAZY)
     for it in range(0, n_masked):
-        start_n = tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N)
+        start_n = masked_block(it, n_left, lo, u_hi, BLOCK_N)
         acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
                                    k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
                                    alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
@@ -299,12 +297,8 @@ def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n,
     offs_m, m_ok, qa, qp, do, q_pos = _row_block(start_m, qdo_base, q_off_a, q_off_p, do_off, stride_qm,
                                                  stride_dom, QPOS, Lq, DA, BDA, DP, BDP, DV, BDV, BLOCK_M, MASKED,
                                                  LINEAR)
-    if MASKED:
-        lse = tl.load(LSE + offs_m, mask=m_ok, other=float("inf"))  # +inf: P = 0
-        delta = tl.load(DELTA + offs_m, mask=m_ok, other=0.0)
-    else:
-        lse = tl.load(LSE + offs_m)
-        delta = tl.load(DELTA + offs_m)
+    lse = load_vector(LSE + offs_m, m_ok, float("inf"), MASKED)  # +inf: P = 0
+    delta = load_vector(DELTA + offs_m, m_ok, 0.0, MASKED)
     amp, ph = _products(ka, kp, qa, qp, LINEAR, IN_PREC)  # [N, M]
     d_ref = tl.abs(k_ref - tl.load(QPOS + tl.minimum(start_m + BLOCK_M // 2, Lq - 1)))
     s, g_a, g_p = _bwd_scores(amp, ph, q_pos[None, :], k_pos[:, None], d_ref, alpha, log2_cp, FAST)
@@ -336,13 +330,6 @@ def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n,
             add_rows(dq_rows + DA + tl.arange(0, BDP)[None, :], tl.dot(tl.trans(ds_p), kp, input_precision=IN_PREC),
                      m_ok, tl.arange(0, BDP) < DP, MASKED, BDP != DP)
     return dk_a, dk_p, dk_psum, dv
-
-
-@triton.jit
-def _next_pair(h, j, n):
-    """Advance a (head, block) pair counter over n blocks per head."""
-    j += 1
-    return tl.where(j == n, h + 1, h), tl.where(j == n, 0, j)
 
 
 @triton.heuristics(dict(_WIDTHS, **padded_widths(BDV="DV_")))
@@ -385,20 +372,8 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
     off = Lk - Lq
     rb = tl.where(causal != 0, off, Lk)
     lb = off - window
-    # query i sees key j iff lb < j − i <= rb: rows i >= j − rb and i < j − lb; all of the block for
-    # i >= start_n + BLOCK_N − 1 − rb (causal) and i + BLOCK_M <= start_n − lb (window), keys in range,
-    # no tags (with tags every block takes the masked path)
-    m_lo = (tl.maximum(start_n - rb, 0) // BLOCK_M) * BLOCK_M
-    m_hi = tl.minimum(Lq, start_n + BLOCK_N - 1 - lb)
-    m_hi_al = tl.cdiv(tl.maximum(m_hi, 0), BLOCK_M) * BLOCK_M
-    u_lo = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - rb, 0), BLOCK_M) * BLOCK_M
-    u_lo = tl.minimum(tl.maximum(u_lo, m_lo), m_hi_al)
-    u_hi = (tl.maximum(tl.minimum(Lq, start_n - lb), 0) // BLOCK_M) * BLOCK_M
-    u_hi = tl.where((start_n + BLOCK_N <= Lk) & (has_tags == 0), u_hi, 0)
-    u_hi = tl.maximum(tl.minimum(u_hi, m_hi_al), u_lo)
-    n_left = tl.maximum(u_lo - m_lo, 0) // BLOCK_M
-    n_masked = n_left + tl.cdiv(tl.maximum(m_hi - u_hi, 0), BLOCK_M)
-    n_full = tl.maximum(u_hi - u_lo, 0) // BLOCK_M
+    m_lo, u_lo, u_hi, n_left, n_masked, n_full = query_block_range(start_n, Lq, Lk, rb, lb, has_tags, BLOCK_M,
+                                                                   BLOCK_N)
 
     offs_m = tl.arange(0, BLOCK_M)
     q_off_a = offs_m[:, None] * stride_qm + offs_da[None, :]
@@ -419,21 +394,21 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
             QPOS + b64 * Lq, QTAG + b64 * Lq, DQ + b64 * stride_dqb + h64 * stride_dqh, stride_dqm, Lq, rb, lb,
             has_tags, alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, False, LINEAR, IN_PREC, FAST,
             FUSE_DQ)
-        h64, j = _next_pair(h64, j, n_full)
+        h64, j = next_pair(h64, j, n_full)
     h64 = kvh64 * GROUP
     j = start_n * 0
     for _ in range(0, GROUP * n_masked):
         row0 = (b64 * H + h64) * Lq
         dk_a, dk_p, dk_psum, dv = _dkdv_block(
             dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n, n_ok,
-            tl.where(j < n_left, m_lo + j * BLOCK_M, u_hi + (j - n_left) * BLOCK_M),
+            masked_block(j, n_left, m_lo, u_hi, BLOCK_M),
             (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh,
              QSUM + b64 * stride_sqb + h64 * stride_sqh),
             q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE + row0, DELTA + row0,
             QPOS + b64 * Lq, QTAG + b64 * Lq, DQ + b64 * stride_dqb + h64 * stride_dqh, stride_dqm, Lq, rb, lb,
             has_tags, alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, True, LINEAR, IN_PREC, FAST,
             FUSE_DQ)
-        h64, j = _next_pair(h64, j, n_masked)
+        h64, j = next_pair(h64, j, n_masked)
 
     dk_a = dk_a * c_a
     if LINEAR:
@@ -533,7 +508,7 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
     for it in range(0, n_masked):
         dq_a, dq_p, dq_psum = _dq_block(
             dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, offs_m,
-            tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N), kv_base,
+            masked_block(it, n_left, lo, u_hi, BLOCK_N), kv_base,
             k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, log2_cp,
             c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, True, LINEAR, IN_PREC, FAST)
 
@@ -633,16 +608,20 @@ class _Inputs:
         return cls(q_pos, k_pos, q_tag, k_tag, q_psum, k_psum, 1.0 / math.sqrt(args.amp_dims),
                    math.log2(1.0 / math.sqrt(args.phase_dims)), w if w is not None and w < Lk else NO_WINDOW)
 
-    def common(self, args: TapaArgs, target: Target) -> dict:
-        """Arguments every TAPA kernel takes, less those its heuristics derive (tag pointers are never read without
-        tags: has_tags = 0, row-sum pointers never without the linear phase)."""
+    def common(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target) -> dict:
+        """Arguments every TAPA kernel takes (q, k, v and their strides, positions, tags, options), less those its
+        heuristics derive (tag pointers are never read without tags: has_tags = 0, row-sum pointers never without
+        the linear phase)."""
         if args.linear:
             sums = dict(QSUM=self.q_psum, KSUM=self.k_psum,
                         **dict(zip(("stride_sqb", "stride_sqh"), self.q_psum.stride())),
                         **dict(zip(("stride_skb", "stride_skh"), self.k_psum.stride())))
         else:  # never read without the linear phase
             sums = dict(QSUM=self.q_pos, KSUM=self.k_pos, stride_sqb=0, stride_sqh=0, stride_skb=0, stride_skh=0)
-        return dict(QPOS=self.q_pos, KPOS=self.k_pos,
+        return dict(Q=q, K=k, V=v, QPOS=self.q_pos, KPOS=self.k_pos,
+                    **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
+                    **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
+                    **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
                     QTAG=self.q_tag if self.q_tag is not None else self.q_pos.view(torch.int32),
                     KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32), **sums,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
@@ -657,14 +636,11 @@ def _forward_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaA
     (the results with one split, the partials with several: `ForwardLayout.write_strides`)."""
     return LaunchSpec(
         name, _tapa_fwd_kernel, layout.grid(q.shape[0]),
-        dict(Q=q, K=k, V=v, O=o_out, LSE=lse_out,
-             **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
-             **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
-             **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
+        dict(inputs.common(q, k, v, args, target), O=o_out, LSE=lse_out,
              **dict(zip(("stride_ob", "stride_oh", "stride_os", "stride_om"), layout.write_strides(o_out))),
              **dict(zip(("stride_lb", "stride_lh", "stride_ls"), layout.write_strides(lse_out))),
              **layout.kernel_args(args.group, q.shape[2], k.shape[2]), c_a2=inputs.c_a * LOG2E, DV=q.shape[3],
-             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, **inputs.common(args, target)),
+             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
@@ -728,14 +704,10 @@ def plan_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
         dq = torch.empty_like(q)
     else:
         dq = torch.zeros((B, H, Lq, D), dtype=torch.float32, device=q.device)
-    common = dict(Q=q, K=k, V=v, DO=do, LSE=lse, DELTA=delta,
-                  **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
-                  **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
-                  **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
+    common = dict(inputs.common(q, k, v, args, target), DO=do, LSE=lse, DELTA=delta, DQ=dq,
                   **dict(zip(("stride_dob", "stride_doh", "stride_dom"), strides(do))),
                   **dict(zip(("stride_dqb", "stride_dqh", "stride_dqm"), strides(dq))),
-                  DQ=dq, H=H, GROUP=args.group, Lq=Lq, Lk=Lk, c_a=inputs.c_a, c_a2=inputs.c_a * LOG2E,
-                  **inputs.common(args, target))
+                  H=H, GROUP=args.group, Lq=Lq, Lk=Lk, c_a=inputs.c_a, c_a2=inputs.c_a * LOG2E)
     t = cfg["dkdv"] if deterministic else cfg["bwd"]
     dkdv = LaunchSpec(
         "tapa_bwd_dkdv" if deterministic else "tapa_bwd", _tapa_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * HKV),

@@ -19,7 +19,7 @@ import os
 
 import torch
 
-from .naive import TapeArgs, tape_attention_reference, validate_tape_args
+from .naive import TapeArgs, tape_attention_reference, tape_op, validate_tape_args
 from .sdpa import tape_attention_sdpa
 from .triton_tape import tape_attention_triton
 
@@ -40,18 +40,10 @@ def uses_triton(q: torch.Tensor) -> bool:
     return (q.device.type == "cuda" or interpret) and q.dtype != torch.float64
 
 
-def tape_attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    e: torch.Tensor,
-    *,
-    scale: float | None = None,
-    causal: bool = True,
-    key_padding_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """TAPE attention (eq. 6–7): (P·V, P·E) with one shared softmax. Triton on CUDA / interpreter, reference otherwise."""
-    if not isinstance(q, torch.Tensor):
-        raise TypeError(f"tape_attention: q must be a torch.Tensor, got {type(q).__name__}")
+@tape_op
+def tape_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, args: TapeArgs
+                   ) -> tuple[torch.Tensor, torch.Tensor]:
+    """TAPE attention (eq. 6–7): (P·V, P·E) with one shared softmax. Triton on CUDA / interpreter, reference otherwise.
+    Options: :func:`validate_tape_args`."""
     fn = tape_attention_triton if uses_triton(q) else tape_attention_reference
-    return fn(q, k, v, e, scale=scale, causal=causal, key_padding_mask=key_padding_mask)
+    return fn.with_args(q, k, v, e, args)

@@ -24,6 +24,9 @@ Conventions shared with the SDPA fold and the Triton kernel:
 
 from __future__ import annotations
 
+import functools
+import inspect
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -44,6 +47,7 @@ class TapeArgs:
     e_dim: int
     scale: float
     causal: bool
+    key_padding_mask: torch.Tensor | None  # bool [B, Lk], True = attend
 
     @property
     def group(self) -> int:
@@ -61,11 +65,14 @@ def validate_tape_args(
     k: torch.Tensor,
     v: torch.Tensor,
     e: torch.Tensor,
-    scale: float | None,
-    causal: bool,
-    key_padding_mask: torch.Tensor | None,
+    *,
+    scale: float | None = None,
+    causal: bool = True,
+    key_padding_mask: torch.Tensor | None = None,
 ) -> TapeArgs:
-    """Check the arguments of `tape_attention` and return their shapes; raise TypeError/ValueError naming the fix."""
+    """Check the arguments of `tape_attention` and return their shapes; raise TypeError/ValueError naming the fix.
+    The one definition of TAPE's options and their defaults: every implementation takes them through
+    :func:`tape_op`."""
     for name, t in (("q", q), ("k", k), ("v", v), ("e", e)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"tape_attention: {name} must be a torch.Tensor, got {type(t).__name__}")
@@ -124,20 +131,34 @@ def validate_tape_args(
             )
         if key_padding_mask.device != q.device:
             raise ValueError(f"tape_attention: key_padding_mask is on {key_padding_mask.device}, q on {q.device}")
-    return TapeArgs(b, hq, hkv, lq, lk, d, e.shape[3], scale, causal)
+    return TapeArgs(b, hq, hkv, lq, lk, d, e.shape[3], scale, causal, key_padding_mask)
 
 
-def tape_visibility(
-    args: TapeArgs, key_padding_mask: torch.Tensor | None, device: torch.device
-) -> torch.Tensor:
+def tape_op(impl: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
+    """Give a TAPE implementation ``impl(q, k, v, e, args)`` the public signature ``(q, k, v, e, *, scale=None,
+    causal=True, key_padding_mask=None)``: the options are validated once into a :class:`TapeArgs` by
+    :func:`validate_tape_args`. ``op.with_args(q, k, v, e, args)`` runs it on already validated options (the
+    dispatcher)."""
+
+    @functools.wraps(impl)
+    def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, **options):
+        return impl(q, k, v, e, validate_tape_args(q, k, v, e, **options))
+
+    op.__signature__ = inspect.signature(validate_tape_args).replace(
+        return_annotation="tuple[torch.Tensor, torch.Tensor]")
+    op.with_args = impl
+    return op
+
+
+def tape_visibility(args: TapeArgs, device: torch.device) -> torch.Tensor:
     """Bool mask [B or 1, 1, Lq, Lk]: True where query i may attend key j (causal offset Lk − Lq, padding)."""
     vis = torch.ones(1, 1, args.q_len, args.k_len, dtype=torch.bool, device=device)
     if args.causal:
         i = torch.arange(args.q_len, device=device)[:, None] + args.offset
         j = torch.arange(args.k_len, device=device)[None, :]
         vis = vis & (j <= i)
-    if key_padding_mask is not None:
-        vis = vis & key_padding_mask[:, None, None, :]
+    if args.key_padding_mask is not None:
+        vis = vis & args.key_padding_mask[:, None, None, :]
     return vis
 
 
@@ -146,25 +167,19 @@ def repeat_kv(x: torch.Tensor, group: int) -> torch.Tensor:
     return x if group == 1 else x.repeat_interleave(group, dim=1)
 
 
+@tape_op
 def tape_attention_reference(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    e: torch.Tensor,
-    *,
-    scale: float | None = None,
-    causal: bool = True,
-    key_padding_mask: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, args: TapeArgs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TAPE attention, eq. 6–7: one softmax P mixes the values (O = P·V) and the positional states (Ẽ = P·E).
 
     Plain differentiable PyTorch (fp32 accumulation); returns (o [B, Hq, Lq, D], e_out [B, Hq, Lq, De]).
+    Options: :func:`validate_tape_args`.
     """
-    args = validate_tape_args(q, k, v, e, scale, causal, key_padding_mask)
     acc = torch.float64 if q.dtype == torch.float64 else torch.float32
     kk, vv, ee = (repeat_kv(t.to(acc), args.group) for t in (k, v, e))
     scores = torch.matmul(q.to(acc), kk.transpose(-1, -2)) * args.scale
-    vis = tape_visibility(args, key_padding_mask, q.device)
+    vis = tape_visibility(args, q.device)
     scores = scores.masked_fill(~vis, float("-inf"))
     row_max = scores.amax(dim=-1, keepdim=True)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max)).detach()

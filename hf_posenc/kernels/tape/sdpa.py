@@ -17,28 +17,21 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .naive import repeat_kv, tape_visibility, validate_tape_args
+from .naive import TapeArgs, repeat_kv, tape_op, tape_visibility
 
 
+@tape_op
 def tape_attention_sdpa(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    e: torch.Tensor,
-    *,
-    scale: float | None = None,
-    causal: bool = True,
-    key_padding_mask: torch.Tensor | None = None,
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, args: TapeArgs
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """TAPE attention, eq. 6–7, as SDPA over [V | E]; returns (o [B, Hq, Lq, D], e_out [B, Hq, Lq, De])."""
-    args = validate_tape_args(q, k, v, e, scale, causal, key_padding_mask)
     ve = torch.cat([v, e], dim=-1)
     kk, ve = repeat_kv(k, args.group), repeat_kv(ve, args.group)
     empty_rows = None
-    if key_padding_mask is None and (not causal or args.q_len == args.k_len):
-        out = F.scaled_dot_product_attention(q, kk, ve, is_causal=causal, scale=args.scale)
+    if args.key_padding_mask is None and (not args.causal or args.q_len == args.k_len):
+        out = F.scaled_dot_product_attention(q, kk, ve, is_causal=args.causal, scale=args.scale)
     else:
-        vis = tape_visibility(args, key_padding_mask, q.device)  # [B|1, 1, Lq, Lk]
+        vis = tape_visibility(args, q.device)  # [B|1, 1, Lq, Lk]
         empty_rows = ~vis.any(dim=-1, keepdim=True)  # [B|1, 1, Lq, 1]
         if bool(empty_rows.any()):
             vis = vis | empty_rows

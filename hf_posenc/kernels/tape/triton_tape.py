@@ -59,10 +59,14 @@ from .._triton import (
     launch_all,
     lazy_max,
     load_tile,
+    load_vector,
+    masked_block,
+    next_pair,
     packed_rows,
     padded_widths,
     plan_row_dot,
     pow2,
+    query_block_range,
     store_rows,
     strides,
     table_row,
@@ -70,7 +74,7 @@ from .._triton import (
     visible,
 )
 from .decode import plan_decode
-from .naive import TapeArgs, validate_tape_args
+from .naive import TapeArgs, tape_op, validate_tape_args
 
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "Hq", "Hkv", "Lq", "Lk", "D", "DE", "split_len", "causal",
                         "has_kpm")
@@ -167,6 +171,7 @@ def _tape_fwd_kernel(
                                             has_kpm, qk_scale, BLOCK_N, D_MASK, DE_MASK, False, DOT_PREC, FAST,
                                             LAZY)
     for it in range(0, n_masked):
+        # `masked_block` written out: the call costs this kernel 2 registers on sm_90 (ptxas)
         start_n = tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N)
         acc_o, acc_e, m_i, l_i = _fwd_block(acc_o, acc_e, m_i, l_i, q, qi, start_n, k_base, v_base, e_base,
                                             k_off, v_off, e_off, skl, svl, sel, kpm_b, d_ok, de_ok, Lk, rb,
@@ -202,12 +207,8 @@ def _dkdv_block(dk, dv, de, k, v, e, keep, cols, start_m, q_base, do_base, deo_b
     q = load_tile(q_base + m64 * sql + q_off, row_ok, d_ok, MASKED, D_MASK)
     do = load_tile(do_base + m64 * sdol + do_off, row_ok, d_ok, MASKED, D_MASK)
     deo = load_tile(deo_base + m64 * sdeol + deo_off, row_ok, de_ok, MASKED, DE_MASK)
-    if MASKED:
-        lse = tl.load(LSE + rows, mask=row_ok, other=float("inf"))
-        delta = tl.load(DELTA + rows, mask=row_ok, other=0.0)
-    else:
-        lse = tl.load(LSE + rows)
-        delta = tl.load(DELTA + rows)
+    lse = load_vector(LSE + rows, row_ok, float("inf"), MASKED)
+    delta = load_vector(DELTA + rows, row_ok, 0.0, MASKED)
     s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # [BLOCK_N, BLOCK_M]
     if MASKED:
         s_t = tl.where(visible(rows[None, :], cols[:, None], keep[:, None], rb, -Lq - rb - 1), s_t, float("-inf"))
@@ -256,24 +257,16 @@ def _tape_bwd_dkdv_kernel(
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     dv = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
     de = tl.zeros([BLOCK_N, BLOCK_DE], tl.float32)
-    off = Lk - Lq
-    rb = tl.where(causal != 0, off, Lk)
-    # query i sees key j iff j − i <= rb: rows from start_n − rb; every key of the block from
-    # start_n + BLOCK_N − 1 − rb (full query blocks only, key block inside Lk, no padding mask)
-    m_lo = (tl.maximum(start_n - rb, 0) // BLOCK_M) * BLOCK_M
-    u_lo = tl.cdiv(tl.maximum(start_n + BLOCK_N - 1 - rb, 0), BLOCK_M) * BLOCK_M
-    u_lo = tl.minimum(tl.maximum(u_lo, m_lo), tl.cdiv(Lq, BLOCK_M) * BLOCK_M)
-    u_hi = tl.where((start_n + BLOCK_N <= Lk) & (has_kpm == 0), (Lq // BLOCK_M) * BLOCK_M, 0)
-    u_hi = tl.maximum(u_hi, u_lo)
-    n_left = (u_lo - m_lo) // BLOCK_M
-    n_masked = n_left + tl.cdiv(tl.maximum(Lq - u_hi, 0), BLOCK_M)
-    n_full = (u_hi - u_lo) // BLOCK_M
+    rb = tl.where(causal != 0, Lk - Lq, Lk)
+    # no window: lb = −Lq − 1 is below every j − i
+    m_lo, u_lo, u_hi, n_left, n_masked, n_full = query_block_range(start_n, Lq, Lk, rb, -Lq - 1, has_kpm, BLOCK_M,
+                                                                   BLOCK_N)
 
     q_off = offs_m[:, None] * sql + offs_d[None, :]
     do_off = offs_m[:, None] * sdol + offs_d[None, :]
     deo_off = offs_m[:, None] * sdeol + offs_de[None, :]
-    # (query head of the group, query block) pairs in flat loops (nested loops cost registers): blocks all
-    # of whose rows see every key of this block, then the masked ones. h64 / j count the pairs.
+    # (query head of the group, query block) pairs in flat loops (`next_pair`): blocks all of whose rows see
+    # every key of this block, then the masked ones. h64 / j count the pairs.
     h64 = kv64 * GROUP
     j = start_n * 0
     for _ in range(0, GROUP * n_full):
@@ -282,21 +275,17 @@ def _tape_bwd_dkdv_kernel(
                                  DO + b64 * sdob + h64 * sdoh, DEO + b64 * sdeob + h64 * sdeoh, q_off, do_off,
                                  deo_off, sql, sdol, sdeol, LSE + row0, DELTA + row0, d_ok, de_ok, Lq, rb,
                                  qk_scale, BLOCK_M, D_MASK, DE_MASK, False, DOT_PREC, FAST)
-        j += 1
-        h64 = tl.where(j == n_full, h64 + 1, h64)
-        j = tl.where(j == n_full, 0, j)
+        h64, j = next_pair(h64, j, n_full)
     h64 = kv64 * GROUP
     j = start_n * 0
     for _ in range(0, GROUP * n_masked):
-        start_m = tl.where(j < n_left, m_lo + j * BLOCK_M, u_hi + (j - n_left) * BLOCK_M)
+        start_m = masked_block(j, n_left, m_lo, u_hi, BLOCK_M)
         row0 = (b64 * Hq + h64) * Lq
         dk, dv, de = _dkdv_block(dk, dv, de, k, v, e, keep, cols, start_m, Q + b64 * sqb + h64 * sqh,
                                  DO + b64 * sdob + h64 * sdoh, DEO + b64 * sdeob + h64 * sdeoh, q_off, do_off,
                                  deo_off, sql, sdol, sdeol, LSE + row0, DELTA + row0, d_ok, de_ok, Lq, rb,
                                  qk_scale, BLOCK_M, D_MASK, DE_MASK, True, DOT_PREC, FAST)
-        j += 1
-        h64 = tl.where(j == n_masked, h64 + 1, h64)
-        j = tl.where(j == n_masked, 0, j)
+        h64, j = next_pair(h64, j, n_masked)
 
     out_rows = (b64 * Hkv + kv64) * Lk + c64
     store_rows((DK + out_rows * D)[:, None] + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty), col_ok, d_ok,
@@ -381,7 +370,7 @@ def _tape_bwd_dq_kernel(
                        skl, svl, sel, kpm_b, d_ok, de_ok, Lk, rb, has_kpm, qk_scale,
                        BLOCK_N, D_MASK, DE_MASK, False, DOT_PREC, FAST)
     for it in range(0, n_masked):
-        start_n = tl.where(it < n_left, lo + it * BLOCK_N, u_hi + (it - n_left) * BLOCK_N)
+        start_n = masked_block(it, n_left, lo, u_hi, BLOCK_N)
         dq = _dq_block(dq, q, do, deo, lse, delta, rows, start_n, k_base, v_base, e_base, k_off, v_off, e_off,
                        skl, svl, sel, kpm_b, d_ok, de_ok, Lk, rb, has_kpm, qk_scale,
                        BLOCK_N, D_MASK, DE_MASK, True, DOT_PREC, FAST)
@@ -420,42 +409,40 @@ def tiles(target: Target, block_d: int, block_de: int) -> dict[str, Tile]:
     return {k: Tile(*v) for k, v in table_row(_TILES, target, block_d + block_de).items()}
 
 
-def _kpm(key_padding_mask: torch.Tensor | None, q: torch.Tensor) -> tuple[torch.Tensor, int]:
-    """int8 keep mask and its batch stride (a never-read stand-in without a mask: has_kpm = 0)."""
-    if key_padding_mask is None:
-        return q.new_empty(1, dtype=torch.int8), 0
-    kpm = key_padding_mask.to(torch.int8).contiguous()
-    return kpm, kpm.stride(0)
+def _common(q, k, v, e, args: TapeArgs, target: Target) -> dict:
+    """Arguments every TAPE kernel takes: the inputs and their strides, the int8 keep mask and its batch stride (a
+    never-read stand-in without a mask: has_kpm = 0), the shapes and options."""
+    has_kpm = args.key_padding_mask is not None
+    kpm = args.key_padding_mask.to(torch.int8).contiguous() if has_kpm else q.new_empty(1, dtype=torch.int8)
+    return dict(Q=q, K=k, V=v, E=e, KPM=kpm, skpm=kpm.stride(0) if has_kpm else 0,
+                **dict(zip(("sqb", "sqh", "sql"), strides(q))), **dict(zip(("skb", "skh", "skl"), strides(k))),
+                **dict(zip(("svb", "svh", "svl"), strides(v))), **dict(zip(("seb", "seh", "sel"), strides(e))),
+                D=args.head_dim, DE=args.e_dim, causal=int(args.causal), has_kpm=int(has_kpm),
+                qk_scale=args.scale * LOG2E, FAST=target.fast_math)
 
 
-def _forward_spec(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | None, target: Target, name: str,
-                  layout: ForwardLayout, tile: Tile, o_out: torch.Tensor, eo_out: torch.Tensor,
-                  lse_out: torch.Tensor) -> LaunchSpec:
+def _forward_spec(q, k, v, e, args: TapeArgs, target: Target, name: str, layout: ForwardLayout, tile: Tile,
+                  o_out: torch.Tensor, eo_out: torch.Tensor, lse_out: torch.Tensor) -> LaunchSpec:
     """The forward kernel's launch for a layout and tile, writing O, Ẽ and the base-2 LSE to `o_out`, `eo_out`,
     `lse_out` (the results with one split, the partials with several: `ForwardLayout.write_strides`)."""
-    kpm, skpm = _kpm(key_padding_mask, q)
     return LaunchSpec(
         name, _tape_fwd_kernel, layout.grid(args.batch),
-        dict(Q=q, K=k, V=v, E=e, KPM=kpm, O=o_out, EO=eo_out, LSE=lse_out,
-             **dict(zip(("sqb", "sqh", "sql"), strides(q))), **dict(zip(("skb", "skh", "skl"), strides(k))),
-             **dict(zip(("svb", "svh", "svl"), strides(v))), **dict(zip(("seb", "seh", "sel"), strides(e))),
+        dict(_common(q, k, v, e, args, target), O=o_out, EO=eo_out, LSE=lse_out,
              **dict(zip(("sob", "soh", "sos", "sol"), layout.write_strides(o_out))),
              **dict(zip(("seob", "seoh", "seos", "seol"), layout.write_strides(eo_out))),
-             **dict(zip(("slb", "slh", "sls"), layout.write_strides(lse_out))), skpm=skpm,
-             **layout.kernel_args(args.group, args.q_len, args.k_len), D=args.head_dim, DE=args.e_dim,
-             causal=int(args.causal), has_kpm=int(key_padding_mask is not None), qk_scale=args.scale * LOG2E,
-             BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, FAST=target.fast_math),
+             **dict(zip(("slb", "slh", "sls"), layout.write_strides(lse_out))),
+             **layout.kernel_args(args.group, args.q_len, args.k_len), BLOCK_M=tile.block_m, BLOCK_N=tile.block_n),
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )
 
 
-def plan_forward(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | None, target: Target
+def plan_forward(q, k, v, e, args: TapeArgs, target: Target
                  ) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch plan of the forward: (specs, o, e_out, lse) with lse the fp32 base-2 log-sum-exp [B, Hq, Lq]
     (+inf for rows without a visible key). q, k, v, e must have a contiguous last dim. Prefill here; decode
     lengths (`use_decode_path`) by `decode.plan_decode`."""
     B, Hq, Lq, D, De = args.batch, args.q_heads, args.q_len, args.head_dim, args.e_dim
-    forward = partial(_forward_spec, q, k, v, e, args, key_padding_mask, target)
+    forward = partial(_forward_spec, q, k, v, e, args, target)
     if use_decode_path(Lq):
         return plan_decode(q, args, target, forward)
     tile = tiles(target, pow2(D), pow2(De))["fwd"]
@@ -465,26 +452,21 @@ def plan_forward(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | No
     return [forward("tape_fwd", ForwardLayout.prefill(Hq, Lq, args.k_len, tile), tile, o, eo, lse)], o, eo, lse
 
 
-def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, key_padding_mask: torch.Tensor | None,
-                  target: Target) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, target: Target
+                  ) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch plan of the exact backward: (specs, dq, dk, dv, de). do, deo, o, eo, lse must be contiguous."""
     B, Hq, Hkv, Lq, Lk, D, De = (args.batch, args.q_heads, args.kv_heads, args.q_len, args.k_len,
                                  args.head_dim, args.e_dim)
     cfg = tiles(target, pow2(D), pow2(De))
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    kpm, skpm = _kpm(key_padding_mask, q)
     dq = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
     dk = torch.empty(B, Hkv, Lk, D, device=q.device, dtype=k.dtype)
     dv = torch.empty(B, Hkv, Lk, D, device=q.device, dtype=v.dtype)
     de = torch.empty(B, Hkv, Lk, De, device=q.device, dtype=e.dtype)
-    common = dict(Q=q, K=k, V=v, E=e, DO=do, DEO=deo, LSE=lse, DELTA=delta, KPM=kpm,
-                  **dict(zip(("sqb", "sqh", "sql"), strides(q))), **dict(zip(("skb", "skh", "skl"), strides(k))),
-                  **dict(zip(("svb", "svh", "svl"), strides(v))), **dict(zip(("seb", "seh", "sel"), strides(e))),
+    common = dict(_common(q, k, v, e, args, target), DO=do, DEO=deo, LSE=lse, DELTA=delta,
                   **dict(zip(("sdob", "sdoh", "sdol"), strides(do))),
-                  **dict(zip(("sdeob", "sdeoh", "sdeol"), strides(deo))), skpm=skpm,
-                  Hq=Hq, Lq=Lq, Lk=Lk, D=D, DE=De, GROUP=args.group, causal=int(args.causal),
-                  has_kpm=int(key_padding_mask is not None), qk_scale=args.scale * LOG2E, scale=args.scale,
-                  FAST=target.fast_math)
+                  **dict(zip(("sdeob", "sdeoh", "sdeol"), strides(deo))),
+                  Hq=Hq, Lq=Lq, Lk=Lk, GROUP=args.group, scale=args.scale)
     t = cfg["dkdv"]
     dkdv = LaunchSpec("tape_bwd_dkdv", _tape_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * Hkv),
                       dict(common, DK=dk, DV=dv, DE_=de, Hkv=Hkv, BLOCK_M=t.block_m, BLOCK_N=t.block_n),
@@ -496,54 +478,35 @@ def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, key_padding_m
     return [plan_row_dot(o, do, delta, target, eo, deo), dkdv, dq_spec], dq, dk, dv, de
 
 
-def tape_forward(q, k, v, e, args: TapeArgs, key_padding_mask: torch.Tensor | None):
-    """Run the forward; returns (o, e_out, lse)."""
-    specs, o, eo, lse = plan_forward(q, k, v, e, args, key_padding_mask, Target.of(q))
-    launch_all(specs)
-    return o, eo, lse
-
-
-def tape_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, key_padding_mask: torch.Tensor | None):
-    """Exact gradients (dq, dk, dv, de) of O = P·V and Ẽ = P·E with P = softmax(scale·q kᵀ + masks)."""
-    specs, dq, dk, dv, de = plan_backward(do.contiguous(), deo.contiguous(), q, k, v, e, o.contiguous(),
-                                          eo.contiguous(), lse.contiguous(), args, key_padding_mask, Target.of(q))
-    launch_all(specs)
-    return dq, dk, dv, de
-
-
 class _TapeAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, e, args: TapeArgs, key_padding_mask):
+    def forward(ctx, q, k, v, e, args: TapeArgs):
         q, k, v, e = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, e))
-        o, eo, lse = tape_forward(q, k, v, e, args, key_padding_mask)
+        specs, o, eo, lse = plan_forward(q, k, v, e, args, Target.of(q))
+        launch_all(specs)
         ctx.save_for_backward(q, k, v, e, o, eo, lse)
         ctx.args = args
-        ctx.key_padding_mask = key_padding_mask
         return o, eo
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, do, deo):
+        """Exact gradients (dq, dk, dv, de) of O = P·V and Ẽ = P·E with P = softmax(scale·q kᵀ + masks)."""
         q, k, v, e, o, eo, lse = ctx.saved_tensors
-        dq, dk, dv, de = tape_backward(do, deo, q, k, v, e, o, eo, lse, ctx.args, ctx.key_padding_mask)
-        return dq, dk, dv, de, None, None
+        specs, dq, dk, dv, de = plan_backward(do.contiguous(), deo.contiguous(), q, k, v, e, o.contiguous(),
+                                              eo.contiguous(), lse.contiguous(), ctx.args, Target.of(q))
+        launch_all(specs)
+        return dq, dk, dv, de, None
 
 
-def tape_attention_triton(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    e: torch.Tensor,
-    *,
-    scale: float | None = None,
-    causal: bool = True,
-    key_padding_mask: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
+@tape_op
+def tape_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, args: TapeArgs
+                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused TAPE attention (eq. 6–7): O = P·V and Ẽ = P·E from one online softmax, exact backward.
 
     Needs CUDA tensors or TRITON_INTERPRET=1 (CPU tensors) and fp16/bf16/fp32 inputs. bf16/fp16 run on the
-    tensor cores; fp32 inputs use exact fp32 ("ieee") dots on the FMA units, which is much slower on GPUs."""
-    args = validate_tape_args(q, k, v, e, scale, causal, key_padding_mask)
+    tensor cores; fp32 inputs use exact fp32 ("ieee") dots on the FMA units, which is much slower on GPUs.
+    Options: :func:`~hf_posenc.kernels.tape.naive.validate_tape_args`."""
     if q.dtype == torch.float64:
         raise TypeError("tape_attention_triton: float64 is not supported; use tape_attention_reference or cast to fp32")
     if q.device.type != "cuda" and not interpreting():
@@ -551,7 +514,7 @@ def tape_attention_triton(
             "tape_attention_triton: inputs must be CUDA tensors (or set TRITON_INTERPRET=1 before importing "
             "the kernel to run it on CPU)"
         )
-    return _TapeAttention.apply(q, k, v, e, args, key_padding_mask)
+    return _TapeAttention.apply(q, k, v, e, args)
 
 
 def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[LaunchSpec]:
@@ -569,14 +532,14 @@ def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[Launch
             for lq in (L, 1):
                 q = meta(B, H, lq, head_dim)
                 k, v, e = (meta(B, HKV, L, head_dim) for _ in range(3))
-                args = validate_tape_args(q, k, v, e, None, causal, kpm)
-                fwd, o, eo, lse = plan_forward(q, k, v, e, args, kpm, target)
+                args = validate_tape_args(q, k, v, e, causal=causal, key_padding_mask=kpm)
+                fwd, o, eo, lse = plan_forward(q, k, v, e, args, target)
                 specs += fwd
                 if not use_decode_path(lq):
                     specs += plan_backward(torch.empty_like(o), torch.empty_like(eo), q, k, v, e, o, eo, lse,
-                                           args, kpm, target)[0]
+                                           args, target)[0]
     return specs
 
 
-__all__ = ["tape_attention_triton", "tape_forward", "tape_backward", "plan_forward", "plan_backward", "tiles",
-           "use_decode_path", "DECODE_MAX_LQ", "lane_specs"]
+__all__ = ["tape_attention_triton", "plan_forward", "plan_backward", "tiles", "use_decode_path", "DECODE_MAX_LQ",
+           "lane_specs"]
