@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -46,38 +47,32 @@ def geometry(model: nn.Module) -> AttentionGeometry:
     return AttentionGeometry(len(decoder_layers(model)), heads, kv, head_dim)
 
 
-def check_layers(model: nn.Module, layers: Sequence[int] | None) -> list[int]:
-    """Validate a layer selection (``None`` = every layer; negative indices count from the end)."""
-    n = geometry(model).num_layers
-    if layers is None:
+def _check_selection(values: Sequence[int] | None, n: int, noun: str, has: str, negative: bool) -> list[int]:
+    """Sorted distinct indices of ``values`` into ``n`` items (``None`` = all; negative ones count from the end when
+    ``negative``), with errors naming ``noun`` and what the model ``has``."""
+    if values is None:
         return list(range(n))
     out = []
-    for layer in layers:
-        if isinstance(layer, bool) or not isinstance(layer, int):
-            raise TypeError(f"layers must be integers, got {layer!r}.")
-        if not -n <= layer < n:
-            raise ValueError(f"layer {layer} does not exist: the model has {n} layers (valid: 0..{n - 1} or -{n}..-1).")
-        out.append(layer % n)
+    for value in values:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{noun}s must be integers, got {value!r}.")
+        if not (-n if negative else 0) <= value < n:
+            valid = f"0..{n - 1} or -{n}..-1" if negative else f"0..{n - 1}"
+            raise ValueError(f"{noun} {value} does not exist: the model has {n} {has} (valid: {valid}).")
+        out.append(value % n)
     if not out:
-        raise ValueError("the layer selection is empty; pass at least one layer or None for all.")
+        raise ValueError(f"the {noun} selection is empty; pass at least one {noun} or None for all.")
     return sorted(set(out))
+
+
+def check_layers(model: nn.Module, layers: Sequence[int] | None) -> list[int]:
+    """Validate a layer selection (``None`` = every layer; negative indices count from the end)."""
+    return _check_selection(layers, geometry(model).num_layers, "layer", "layers", negative=True)
 
 
 def check_heads(model: nn.Module, heads: Sequence[int] | None) -> list[int]:
     """Validate a query-head selection (``None`` = every head)."""
-    n = geometry(model).num_heads
-    if heads is None:
-        return list(range(n))
-    out = []
-    for head in heads:
-        if isinstance(head, bool) or not isinstance(head, int):
-            raise TypeError(f"heads must be integers, got {head!r}.")
-        if not 0 <= head < n:
-            raise ValueError(f"head {head} does not exist: the model has {n} query heads (valid: 0..{n - 1}).")
-        out.append(head)
-    if not out:
-        raise ValueError("the head selection is empty; pass at least one head or None for all.")
-    return sorted(set(out))
+    return _check_selection(heads, geometry(model).num_heads, "head", "query heads", negative=False)
 
 
 def _rotary_module(model: nn.Module) -> nn.Module:
@@ -91,11 +86,6 @@ def _rotary_module(model: nn.Module) -> nn.Module:
     raise ValueError(f"no rotary embedding found in {type(model).__name__}; the diagnostics need a RoPE-family model.")
 
 
-def layer_type(model: nn.Module, layer: int) -> str | None:
-    types = getattr(model.config, "layer_types", None)
-    return None if types is None else types[layer]
-
-
 def layer_frequencies(model: nn.Module, layer: int) -> tuple[torch.Tensor, float]:
     """``(inv_freq, attention_scaling)`` the rotary module uses for ``layer`` (float64 inverse frequencies).
 
@@ -103,7 +93,8 @@ def layer_frequencies(model: nn.Module, layer: int) -> tuple[torch.Tensor, float
     from the module's buffers, so dynamic types reflect the latest forward pass.
     """
     rotary = _rotary_module(model)
-    kind = layer_type(model, layer)
+    types = getattr(model.config, "layer_types", None)
+    kind = None if types is None else types[layer]
     inv_freq = getattr(rotary, f"{kind}_inv_freq", None) if kind is not None else None
     scaling = getattr(rotary, f"{kind}_attention_scaling", None) if kind is not None else None
     if inv_freq is None:
@@ -183,8 +174,14 @@ class QKVCapture:
         self._handles.clear()
 
 
-def model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
+def forward(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None, **kwargs: Any) -> Any:
+    """``model(input_ids)`` ([1, S]) on the model's device, without a cache. Explicit ``position_ids`` come with an
+    all-ones attention mask: without it Transformers reads jumps in position ids as packed documents and would split
+    attention into blocks."""
+    device = next(model.parameters()).device
+    if position_ids is not None:
+        kwargs.update(position_ids=position_ids.to(device), attention_mask=torch.ones_like(input_ids).to(device))
+    return model(input_ids=input_ids.to(device), use_cache=False, **kwargs)
 
 
 def check_ids(input_ids: torch.Tensor, min_length: int, what: str) -> torch.Tensor:
@@ -220,9 +217,6 @@ def capture_window(
 ) -> dict[int, dict[str, torch.Tensor]]:
     """One forward pass over ``input_ids`` ([1, S]) returning the captured q/k/v (see :class:`QKVCapture`)."""
     with QKVCapture(model, layers, heads, kinds) as cap:
-        device = model_device(model)
         kwargs = {"logits_to_keep": 1} if hasattr(model, "lm_head") else {}  # the logits are never used
-        if position_ids is not None:  # explicit mask: jumps in position ids must not read as packed documents
-            kwargs.update(position_ids=position_ids.to(device), attention_mask=torch.ones_like(input_ids).to(device))
-        model(input_ids=input_ids.to(device), use_cache=False, **kwargs)
+        forward(model, input_ids, position_ids, **kwargs)
     return cap.captured

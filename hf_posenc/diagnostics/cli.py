@@ -8,28 +8,30 @@ dequantized) and writes, per analysis, ``DIR/<analysis>.json`` (``{model name: r
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from typing import Any
 
 from ..models import parse_model_specs
+from ..results_io import dumps
 
 ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
 
 
-def _int_list(text: str) -> list[int]:
-    try:
-        return [int(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers like 0,3,5, got {text!r}") from err
+def _number_list(cast: type, example: str, kind: str):
+    """An argparse type for comma-separated numbers (``kind`` and ``example`` name them in the error)."""
+
+    def parse(text: str) -> list:
+        try:
+            return [cast(x) for x in text.split(",") if x.strip()]
+        except ValueError as err:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {kind} like {example}, got {text!r}") from err
+
+    return parse
 
 
-def _float_list(text: str) -> list[float]:
-    try:
-        return [float(x) for x in text.split(",") if x.strip()]
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected comma-separated numbers like 0.01,0.05, got {text!r}") from err
+_int_list = _number_list(int, "0,3,5", "integers")
+_float_list = _number_list(float, "0.01,0.05", "numbers")
 
 
 def _analyses(text: str) -> list[str]:
@@ -89,58 +91,47 @@ def _run_model(model: Any, ids: Any, name: str, args: argparse.Namespace) -> dic
 
     progress = not args.no_progress
     common = dict(layers=args.layers, heads=args.heads, name=name)
+    runs = {
+        "frequency_usage": lambda: frequency_usage(model, ids, window=args.window, progress=progress, **common),
+        "positional_heads": lambda: positional_heads(
+            model, ids, window=args.window, diagonal_threshold=args.diagonal_threshold,
+            previous_threshold=args.previous_threshold, high_freq_threshold=args.high_freq_threshold,
+            high_fraction=args.high_fraction, progress=progress, **common,
+        ),
+        "disentanglement": lambda: disentanglement(
+            model, ids, length=args.length, distances=args.distances, three_axis=not args.no_three_axis, **common
+        ),
+        "distance_bias": lambda: distance_bias(
+            model, ids, short=args.short, long=args.long, samples=args.samples, seed=args.seed, **common
+        ),
+        "semantic_decay": lambda: semantic_decay(
+            model_frequency_sets(model, args.layers), samples=min(args.samples, 4096), seed=args.seed, name=name,
+            max_distance=args.max_distance or int(model.config.max_position_embeddings),
+        ),
+        "perturbation": lambda: perturbation_tolerance(
+            model, ids, fractions=args.fractions, max_distances=args.max_distances, trials=args.trials,
+            window=args.window, seed=args.seed, name=name, progress=progress,
+        ),
+    }
     out: dict[str, Any] = {}
     for analysis in args.analyses:
         print(f"[{name}] {analysis}...", file=sys.stderr)
-        if analysis == "frequency_usage":
-            out[analysis] = frequency_usage(model, ids, window=args.window, progress=progress, **common)
-        elif analysis == "positional_heads":
-            out[analysis] = positional_heads(
-                model, ids, window=args.window, diagonal_threshold=args.diagonal_threshold,
-                previous_threshold=args.previous_threshold, high_freq_threshold=args.high_freq_threshold,
-                high_fraction=args.high_fraction, progress=progress, **common,
-            )
-        elif analysis == "disentanglement":
-            out[analysis] = disentanglement(
-                model, ids, length=args.length, distances=args.distances, three_axis=not args.no_three_axis, **common
-            )
-        elif analysis == "distance_bias":
-            out[analysis] = distance_bias(
-                model, ids, short=args.short, long=args.long, samples=args.samples, seed=args.seed, **common
-            )
-        elif analysis == "semantic_decay":
-            max_distance = args.max_distance or int(model.config.max_position_embeddings)
-            out[analysis] = semantic_decay(
-                model_frequency_sets(model, args.layers), max_distance=max_distance,
-                samples=min(args.samples, 4096), seed=args.seed, name=name,
-            )
-        elif analysis == "perturbation":
-            out[analysis] = perturbation_tolerance(
-                model, ids, fractions=args.fractions, max_distances=args.max_distances, trials=args.trials,
-                window=args.window, seed=args.seed, name=name, progress=progress,
-            )
+        out[analysis] = runs[analysis]()
     return out
 
 
 def write_outputs(results: dict[str, dict[str, Any]], out_dir: str) -> list[str]:
     """``results[analysis][model] = result`` -> ``out_dir/<analysis>.json`` and ``.png``; returns the paths."""
-    from . import (
-        plot_disentanglement, plot_distance_bias, plot_frequency_usage, plot_perturbation, plot_positional_heads,
-        plot_semantic_decay,
-    )
+    from .. import diagnostics  # every analysis has its plot_<analysis>
 
-    plots = {
-        "frequency_usage": plot_frequency_usage, "positional_heads": plot_positional_heads,
-        "disentanglement": plot_disentanglement, "distance_bias": plot_distance_bias,
-        "semantic_decay": plot_semantic_decay, "perturbation": plot_perturbation,
-    }
     os.makedirs(out_dir, exist_ok=True)
     written = []
     for analysis, per_model in results.items():
         path = os.path.join(out_dir, f"{analysis}.json")
         with open(path, "w", encoding="utf-8") as f:
-            json.dump({name: r.to_dict() for name, r in per_model.items()}, f, indent=2, allow_nan=False)
-        written += [path, plots[analysis](per_model, os.path.join(out_dir, f"{analysis}.png"))]
+            f.write(dumps({name: r.to_dict() for name, r in per_model.items()}))
+        plot = getattr(diagnostics, f"plot_{analysis}")
+        written += [path, plot(per_model, os.path.join(out_dir, f"{analysis}.png"))]
     return written
 
 
@@ -174,12 +165,3 @@ def run_diagnose(args: argparse.Namespace) -> int:
         print(path)
     return 0
 
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m hf_posenc.diagnostics.cli``) until the lead mounts the sub-command."""
-    parser = add_diagnose_arguments(argparse.ArgumentParser(prog="hf-posenc diagnose", description=__doc__))
-    return run_diagnose(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

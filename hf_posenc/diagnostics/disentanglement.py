@@ -169,13 +169,11 @@ def disentanglement(
         if three_axis:
             logits = torch.einsum("hid,hjd->hij", rotate(q, positions, inv_freq), rotate(k, positions, inv_freq)) * scale
             axis3.append([three_axis_correlation(logits[h]) for h in range(len(heads))])
-    fake_t = torch.tensor(fake, dtype=torch.float64)
-    axis_t = torch.tensor(axis3, dtype=torch.float64) if three_axis else None
     return DisentanglementResult(
         model=name, layers=layers, heads=heads, length=length, distances=distances, query_position=length - 1,
         fake_distance_correlation=fake, three_axis_correlation=axis3 if three_axis else None,
-        mean_fake_distance_correlation=float(fake_t.nanmean()),
-        mean_three_axis_correlation=None if axis_t is None else float(axis_t.nanmean()),
+        mean_fake_distance_correlation=float(torch.tensor(fake, dtype=torch.float64).nanmean()),
+        mean_three_axis_correlation=float(torch.tensor(axis3, dtype=torch.float64).nanmean()) if three_axis else None,
     )
 
 

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from .capture import check_ids, model_device, windows
+from .capture import check_ids, forward, windows
 from .results import ResultMixin, normalise_named, pyplot, save_figure
 
 MODES = ("transpose", "position_offset")
@@ -53,14 +53,8 @@ def offset_positions(n: int, fraction: float, max_distance: int, generator: torc
 @torch.no_grad()
 def window_nll(model: nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> tuple[float, int]:
     """Summed next-token negative log-likelihood of one window ``ids [S]`` and the number of predictions."""
-    device = model_device(model)
-    kwargs = {}
-    if position_ids is not None:
-        # An explicit all-ones mask: without it Transformers reads jumps in position ids as packed documents and
-        # would split attention into blocks.
-        kwargs = {"position_ids": position_ids[None].to(device), "attention_mask": torch.ones_like(ids[None]).to(device)}
-    logits = model(input_ids=ids[None].to(device), use_cache=False, **kwargs).logits[0, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits, ids[1:].to(device), reduction="sum")
+    logits = forward(model, ids[None], None if position_ids is None else position_ids[None]).logits[0, :-1].float()
+    nll = torch.nn.functional.cross_entropy(logits, ids[1:].to(logits.device), reduction="sum")
     return float(nll), ids.numel() - 1
 
 

@@ -81,16 +81,12 @@ def find_heads(
     diagonal_threshold: float, previous_threshold: float, high_freq_threshold: float,
 ) -> list[PositionalHead]:
     """Heads whose scores reach a threshold, with the criteria they meet (``[L, H]`` score tables)."""
+    criteria = (("diagonal", diagonal, diagonal_threshold), ("previous_token", previous, previous_threshold),
+                ("high_frequency", usage, high_freq_threshold))
     found = []
     for li, layer in enumerate(layers):
         for hi, head in enumerate(heads):
-            kinds = []
-            if diagonal[li, hi] >= diagonal_threshold:
-                kinds.append("diagonal")
-            if previous[li, hi] >= previous_threshold:
-                kinds.append("previous_token")
-            if usage[li, hi] >= high_freq_threshold:
-                kinds.append("high_frequency")
+            kinds = [kind for kind, scores, threshold in criteria if scores[li, hi] >= threshold]
             if kinds:
                 found.append(PositionalHead(
                     layer, head, kinds, float(diagonal[li, hi]), float(previous[li, hi]), float(usage[li, hi])

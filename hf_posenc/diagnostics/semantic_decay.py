@@ -142,18 +142,12 @@ def semantic_decay(
 def model_frequency_sets(model: nn.Module, layers: list[int] | None = None) -> dict[str, torch.Tensor]:
     """The distinct inverse-frequency sets of a model's layers: ``{"model": θ}`` when every layer shares one,
     else ``{"layers 0,2,4": θ, "layers 1,3": θ′}`` (Gemma3's local and global layers)."""
-    groups: list[tuple[list[int], torch.Tensor]] = []
+    groups: dict[tuple[float, ...], list[int]] = {}  # frequencies -> the layers that use them
     for layer in check_layers(model, layers):
-        inv_freq, _ = layer_frequencies(model, layer)
-        for members, freqs in groups:
-            if torch.equal(freqs, inv_freq):
-                members.append(layer)
-                break
-        else:
-            groups.append(([layer], inv_freq))
-    if len(groups) == 1:
-        return {"model": groups[0][1]}
-    return {"layers " + ",".join(map(str, members)): freqs for members, freqs in groups}
+        groups.setdefault(tuple(layer_frequencies(model, layer)[0].tolist()), []).append(layer)
+    sets = {"layers " + ",".join(map(str, members)): torch.tensor(freqs, dtype=torch.float64)
+            for freqs, members in groups.items()}
+    return {"model": next(iter(sets.values()))} if len(sets) == 1 else sets
 
 
 def plot_semantic_decay(results: SemanticDecayResult | Mapping[str, SemanticDecayResult], path: str | os.PathLike) -> str:

@@ -12,15 +12,11 @@ import shlex
 import sys
 from pathlib import Path
 
-from .config import SIZES
+from .config import SIZES, ContextExtensionConfig, LengthGeneralisationConfig, TapaTrainabilityConfig
 
-# experiment name -> (module with run(config, out, work, command, progress=...), config class with preset())
-MODULES = {
-    "length_generalisation": ("length_generalisation", "LengthGeneralisationConfig"),
-    "tapa_trainability": ("tapa_trainability", "TapaTrainabilityConfig"),
-    "context_extension": ("context_extension", "ContextExtensionConfig"),
-}
-EXPERIMENTS = tuple(MODULES)
+# experiment name (also its module, with run(config, out, work, command, progress=...)) -> config class with preset()
+CONFIGS = {c.name: c for c in (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig)}
+EXPERIMENTS = tuple(CONFIGS)
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
@@ -70,10 +66,8 @@ def run_experiment(args: argparse.Namespace) -> int:
         if out.resolve() == path.parent.resolve():
             raise ValueError("--out must differ from the folder of --check-against: the rerun would overwrite the "
                              "committed report it is compared with")
-    module_name, config_name = MODULES[args.name]
-    experiment = importlib.import_module(f"{__package__}.{module_name}")
-    config = getattr(importlib.import_module(f"{__package__}.config"), config_name).preset(
-        args.size, seeds=args.seeds, first_seed=args.first_seed)
+    experiment = importlib.import_module(f"{__package__}.{args.name}")
+    config = CONFIGS[args.name].preset(args.size, seeds=args.seeds, first_seed=args.first_seed)
     payload = experiment.run(config, out, work, rerun_command(args), progress=not args.no_progress)
     print("\n".join(payload["verdict"]))
     if committed is not None:

@@ -259,26 +259,6 @@ class TapaTrainabilityConfig:
 
     name = "tapa_trainability"
 
-    @property
-    def size(self) -> str:
-        return self.base.size
-
-    @property
-    def seeds(self) -> int:
-        return self.base.seeds
-
-    @property
-    def seed_list(self) -> list[int]:
-        return self.base.seed_list
-
-    @property
-    def context_length(self) -> int:
-        return self.base.context_length
-
-    @property
-    def eval_lengths(self) -> list[int]:
-        return self.base.eval_lengths
-
     @classmethod
     def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapaTrainabilityConfig:
         """The sweep on the length-generalisation preset of the same size (``small``: about 25 min, 3 seeds)."""

@@ -20,9 +20,8 @@ import torch
 from .config import ContextExtensionConfig
 from .corpus import Corpus
 from .length_generalisation import begin
-from .report import closing_lines, fmt, machine, markdown_table, payload_head, plot_summary, write_json
-from .runner import Cell, Summary, build_recipe, fingerprint, run_cells, slug
-from .tokenizer import VOCAB_SIZE
+from .report import closing_lines, fmt, markdown_table, plot_summary, write_results
+from .runner import Cell, Summary, build_recipe, fingerprint, mean_sd, run_cells, slug
 from .why import diagnose
 
 BASE_LABEL = "base (RoPE at L, not extended)"
@@ -74,17 +73,11 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
               "train_chars": config.train_chars, "train_bytes": prepared["train_bytes"],
               "passkey": [config.passkey_lengths, config.passkey_depths, config.passkey_trials]}
 
-    def recipe(spec: str, seed: int, length: int, train: Any, output_dir: str, base: str | None) -> Any:
-        return build_recipe(scheme=spec, seed=seed, context_length=length, model=config.model, train=train,
-                            tokenizer_dir=prepared["tokenizer_dir"], vocab_size=VOCAB_SIZE, eos_id=prepared["eos_id"],
-                            train_files=prepared["train_files"], output_dir=output_dir,
-                            eval_file=prepared["eval_file"], eval_lengths=lengths, eval_tokens=config.eval_tokens,
-                            base_model=base, max_positions=config.context_length)
-
     base_settings = {**common, "role": "base", "spec": "rope", "seed": 0, "context_length": config.context_length,
                      "model": config.model, "train": config.pretrain}
     base_cell = Cell(BASE_LABEL, "rope", 0, work / "runs" / "base", base_settings,
-                     lambda d: recipe("rope", 0, config.context_length, config.pretrain, d, None))
+                     lambda d: build_recipe(config, prepared, scheme="rope", seed=0, model=config.model,
+                                            context_length=config.context_length, train=config.pretrain, output_dir=d))
     base = run_cells([base_cell], desc=f"{config.name} ({config.size}): pretraining the base", progress=progress)[0]
     base_dir = base["model_dir"]
 
@@ -95,7 +88,8 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
                         "context_length": config.extended_length, "train": config.extend}
 
             def make(d: str, spec: str = spec, seed: int = seed) -> Any:
-                return recipe(spec, seed, config.extended_length, config.extend, d, base_dir)
+                return build_recipe(config, prepared, scheme=spec, seed=seed, context_length=config.extended_length,
+                                    model=config.model, train=config.extend, output_dir=d, base_model=base_dir)
 
             cells.append(Cell(label, spec, seed, work / "runs" / slug(label) / f"seed{seed}", settings, make))
     results = run_cells(cells, desc=f"{config.name} ({config.size}): continued training at "
@@ -114,21 +108,10 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
                    progress=progress)
     floors = prepared["floors"]
     elapsed = time.perf_counter() - start
-    payload = {
-        **payload_head(config.name, command, config.to_dict(), corpus.name,
-                       "held-out cross-entropy in nats per byte (perplexity = exp); passkey: accuracy in [0, 1]",
-                       floors),
-        "summary": summary.to_dict(),
-        "passkey": passkey,
-        "verdict": verdict(summary, passkey, config),
-        "why": why,
-        "runs": [{k: v for k, v in r.items() if k != "model_dir"} for r in everything],
-        "wall_seconds": elapsed,
-        "seconds_in_runs": sum(r["seconds"] for r in everything),
-        "machine": machine(),
-    }
-    write_json(payload, out / "results.json")
-    names = config.length_names
+    payload = write_results(out, config.name, command, config.to_dict(), corpus.name,
+                            "held-out cross-entropy in nats per byte (perplexity = exp); passkey: accuracy in [0, 1]",
+                            floors, everything, elapsed, summary=summary.to_dict(), passkey=passkey,
+                            verdict=verdict(summary, passkey, config), why=why)
     md = [
         f"# Context extension of a pretrained base ({config.size})",
         "",
@@ -145,7 +128,7 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
         f"first {config.eval_tokens} bytes of the held-out novel, disjoint windows, nats per byte, mean ± sd "
         "(bold: best mean per column).",
         "",
-        markdown_table(summary, names, {"unigram": floors["unigram"], "bigram": floors["bigram"]}),
+        markdown_table(summary, config.length_names, floors),
         "",
         f"Passkey retrieval (Landmark format; {len(config.passkey_depths)} depths × {config.passkey_trials} keys "
         "per length): greedy exact match / teacher-forced fraction of the key's digits ranked first among the ten "
@@ -159,15 +142,12 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
     (out / "results.md").write_text("\n".join(md))
     plot_summary(summary, out / "heldout_loss.png",
                  f"Base at L = {config.context_length}, extended at {config.extended_length} bytes "
-                 f"({config.size}, {config.seeds} seeds)",
-                 {"unigram": floors["unigram"], "bigram": floors["bigram"]}, config.extended_length)
+                 f"({config.size}, {config.seeds} seeds)", floors, config.extended_length)
     return payload
 
 
 def passkey_summary(results: list[dict[str, Any]], lengths: list[int]) -> dict[str, dict[str, dict[str, float]]]:
     """label -> length -> mean ± sd over seeds of exact-match and digit accuracy."""
-    from .runner import mean_sd
-
     out: dict[str, dict[str, dict[str, float]]] = {}
     for label in dict.fromkeys(r["label"] for r in results):
         mine = [r["passkey"] for r in results if r["label"] == label]

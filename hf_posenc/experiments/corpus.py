@@ -73,22 +73,14 @@ class Corpus:
         """One ``.txt`` per training document under ``directory`` (what a recipe's ``data.files`` reads)."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
-        paths = []
-        for name, text in self.train.items():
-            path = out / f"{name}.txt"
-            if not path.is_file() or path.read_text(encoding="utf-8") != text:
-                path.write_text(text, encoding="utf-8")
-            paths.append(str(path))
-        return paths
+        return [write_text(out / f"{name}.txt", text) for name, text in self.train.items()]
 
-    def write_heldout(self, path: str | os.PathLike, max_chars: int | None = None) -> str:
-        """The held-out text (its first ``max_chars`` characters) as a file; returns its path."""
-        text = self.heldout if max_chars is None else self.heldout[:max_chars]
-        p = Path(path)
-        p.parent.mkdir(parents=True, exist_ok=True)
-        if not p.is_file() or p.read_text(encoding="utf-8") != text:
-            p.write_text(text, encoding="utf-8")
-        return str(p)
+
+def write_text(path: Path, text: str) -> str:
+    """Write ``text`` to ``path`` unless the file already holds it (a rerun leaves it untouched); returns the path."""
+    if not path.is_file() or path.read_text(encoding="utf-8") != text:
+        path.write_text(text, encoding="utf-8")
+    return str(path)
 
 
 def austen_corpus() -> Corpus:

@@ -17,10 +17,10 @@ from typing import Any
 import torch
 
 from .config import ExperimentSettings, LengthGeneralisationConfig, ModelSettings, TrainSettings
-from .corpus import Corpus, austen_corpus, ngram_entropies
-from .report import closing_lines, machine, markdown_table, payload_head, plot_summary, write_json
+from .corpus import Corpus, austen_corpus, ngram_entropies, write_text
+from .report import closing_lines, markdown_table, plot_summary, write_results
 from .runner import Cell, Summary, build_recipe, run_cells, slug
-from .tokenizer import VOCAB_SIZE, byte_tokenizer, save_byte_tokenizer
+from .tokenizer import byte_tokenizer, save_byte_tokenizer
 from .why import diagnose
 
 
@@ -34,12 +34,9 @@ def prepare(config: ExperimentSettings, corpus: Corpus, work: Path) -> dict[str,
     eval_ids = tokenizer(corpus.heldout).input_ids[: config.eval_tokens]
     if len(eval_ids) < config.eval_tokens:
         raise ValueError(f"the held-out text has {len(eval_ids)} bytes, fewer than eval_tokens={config.eval_tokens}")
-    eval_text = tokenizer.decode(eval_ids)
-    eval_file = data / "heldout.txt"
-    if not eval_file.is_file() or eval_file.read_text(encoding="utf-8") != eval_text:
-        eval_file.write_text(eval_text, encoding="utf-8")
+    eval_file = write_text(data / "heldout.txt", tokenizer.decode(eval_ids))
     tok_dir = save_byte_tokenizer(data / "tokenizer")
-    return {"train_files": files, "eval_file": str(eval_file), "tokenizer_dir": tok_dir, "eval_ids": eval_ids,
+    return {"train_files": files, "eval_file": eval_file, "tokenizer_dir": tok_dir, "eval_ids": eval_ids,
             "eos_id": tokenizer.eos_token_id, "floors": ngram_entropies(eval_ids),
             "train_bytes": sum(len(t.encode()) for t in train.train.values())}
 
@@ -52,12 +49,6 @@ def begin(config: ExperimentSettings, out: str | Path, work: str | Path, corpus:
     work.mkdir(parents=True, exist_ok=True)
     corpus = austen_corpus() if corpus is None else corpus
     return out, work, corpus, prepare(config, corpus, work)
-
-
-def cells(config: LengthGeneralisationConfig, prepared: dict[str, Any], work: Path) -> list[Cell]:
-    """The (scheme, seed) grid, seeds innermost so that every scheme has a first result early."""
-    arms = {label: (spec, config.model, config.train) for label, spec in config.schemes.items()}
-    return arm_cells(config, arms, prepared, work)
 
 
 def arm_cells(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
@@ -74,12 +65,8 @@ def arm_cells(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, Mod
 
             def make(output_dir: str, spec: str = spec, seed: int = seed, model: ModelSettings = model,
                      train: TrainSettings = train) -> Any:
-                return build_recipe(scheme=spec, seed=seed, context_length=config.context_length,
-                                    model=model, train=train, tokenizer_dir=prepared["tokenizer_dir"],
-                                    vocab_size=VOCAB_SIZE, eos_id=prepared["eos_id"],
-                                    train_files=prepared["train_files"], output_dir=output_dir,
-                                    eval_file=prepared["eval_file"], eval_lengths=config.eval_lengths,
-                                    eval_tokens=config.eval_tokens)
+                return build_recipe(config, prepared, scheme=spec, seed=seed, context_length=config.context_length,
+                                    model=model, train=train, output_dir=output_dir)
 
             out.append(Cell(label, spec, seed, work / "runs" / slug(label) / f"seed{seed}", settings, make))
     return out
@@ -132,22 +119,10 @@ def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[s
     why = diagnose(first, prepared["eval_ids"][: config.diagnostic_tokens], config.context_length,
                    out / "diagnostics", progress=progress)
     floors = prepared["floors"]
-    names = config.length_names
     elapsed = time.perf_counter() - start
-    trained = sum(r["seconds"] for r in results)
-    payload = {
-        **payload_head(experiment, command, experiment_config, corpus.name,
-                       "held-out cross-entropy in nats per byte (perplexity = exp)", floors),
-        "summary": summary.to_dict(),
-        "verdict": verdict(summary, floors, config.context_length),
-        "why": why,
-        "runs": [{k: v for k, v in r.items() if k != "model_dir"} for r in results],
-        "wall_seconds": elapsed,
-        "seconds_in_runs": trained,
-        "machine": machine(),
-    }
-    write_json(payload, out / "results.json")
-    table = markdown_table(summary, names, {"unigram": floors["unigram"], "bigram": floors["bigram"]})
+    payload = write_results(out, experiment, command, experiment_config, corpus.name,
+                            "held-out cross-entropy in nats per byte (perplexity = exp)", floors, results, elapsed,
+                            summary=summary.to_dict(), verdict=verdict(summary, floors, config.context_length), why=why)
     md = [
         f"# {title}",
         "",
@@ -163,15 +138,15 @@ def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[s
         "disjoint windows; held-out loss in nats per byte, mean ± sample sd over seeds (bold: best mean per "
         "column). Floors: plug-in unigram and bigram entropies of the evaluation text.",
         "",
-        table,
+        markdown_table(summary, config.length_names, floors),
         "",
         *notes,
         *closing_lines(payload["verdict"], why, config.context_length,
-                       f"Wall time {elapsed / 60:.1f} min ({trained / 60:.1f} min in training and evaluation runs, "
-                       f"torch threads {torch.get_num_threads()})."),
+                       f"Wall time {elapsed / 60:.1f} min ({payload['seconds_in_runs'] / 60:.1f} min in training and "
+                       f"evaluation runs, torch threads {torch.get_num_threads()})."),
     ]
     (out / "results.md").write_text("\n".join(md))
     plot_summary(summary, out / "heldout_loss.png",
-                 f"Trained at L = {config.context_length} bytes ({config.size}, {config.seeds} seeds)",
-                 {"unigram": floors["unigram"], "bigram": floors["bigram"]}, config.context_length)
+                 f"Trained at L = {config.context_length} bytes ({config.size}, {config.seeds} seeds)", floors,
+                 config.context_length)
     return payload

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from ..results_io import pyplot, write_json
-from .runner import Summary
+from .runner import Summary, fingerprint
+from .why import why_section
 
-__all__ = ["fmt", "markdown_table", "plot_summary", "write_json", "payload_head", "machine", "closing_lines"]
+__all__ = ["fmt", "markdown_table", "plot_summary", "write_results", "closing_lines"]
 
 
 def fmt(mean: float, sd: float, digits: int = 3) -> str:
@@ -23,8 +24,7 @@ def fmt(mean: float, sd: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
-def markdown_table(summary: Summary, length_names: Sequence[str], floors: dict[str, float] | None = None,
-                   best_is_low: bool = True) -> str:
+def markdown_table(summary: Summary, length_names: Sequence[str], floors: dict[str, float] | None = None) -> str:
     """Rows: schemes; columns: evaluation lengths (held-out nats/byte, mean ± sd), train loss, time per run.
     The best mean in each column is bold."""
     head = ["scheme", *length_names, "final train loss", "s / run"]
@@ -73,27 +73,29 @@ def plot_summary(summary: Summary, path: str | Path, title: str, floors: dict[st
 TOKENIZER = "byte-level (256 bytes + <|endoftext|>), see hf_posenc.experiments.tokenizer"
 
 
-def payload_head(experiment: str, command: str, config: dict[str, Any], corpus: str, units: str,
-                 floors: dict[str, float]) -> dict[str, Any]:
-    """The fields every experiment's ``results.json`` starts with."""
-    from .runner import fingerprint
-
-    return {"experiment": experiment, "command": command, "config": config, "config_fingerprint": fingerprint(config),
-            "corpus": corpus, "tokenizer": TOKENIZER, "units": units, "floors": floors}
-
-
-def machine() -> dict[str, Any]:
-    """Python, torch, threads and platform of this run."""
+def write_results(out: Path, experiment: str, command: str, config: dict[str, Any], corpus: str, units: str,
+                  floors: dict[str, float], results: Sequence[dict[str, Any]], elapsed: float,
+                  **fields: Any) -> dict[str, Any]:
+    """Write ``out/results.json`` and return it: what was run (command, config and its fingerprint, corpus,
+    tokenizer, units, floors), the experiment's own ``fields``, then its runs (without their model directories),
+    the times and the machine (Python, torch, threads, platform)."""
     import torch
 
-    return {"python": sys.version.split()[0], "torch": torch.__version__, "threads": torch.get_num_threads(),
-            "platform": platform.platform()}
+    payload = {
+        "experiment": experiment, "command": command, "config": config, "config_fingerprint": fingerprint(config),
+        "corpus": corpus, "tokenizer": TOKENIZER, "units": units, "floors": floors, **fields,
+        "runs": [{k: v for k, v in r.items() if k != "model_dir"} for r in results],
+        "wall_seconds": elapsed,
+        "seconds_in_runs": sum(r["seconds"] for r in results),
+        "machine": {"python": sys.version.split()[0], "torch": torch.__version__, "threads": torch.get_num_threads(),
+                    "platform": platform.platform()},
+    }
+    write_json(payload, out / "results.json")
+    return payload
 
 
 def closing_lines(verdict: Sequence[str], why: Any, window: int, wall: str) -> list[str]:
     """The end of every ``results.md``: the verdict as a list, the diagnostics section, the wall time and the
     plot."""
-    from .why import why_section
-
     return [*[f"- {line}" for line in verdict], "", *why_section(why, window), wall, "",
             "![held-out loss](heldout_loss.png)", ""]

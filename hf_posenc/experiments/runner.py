@@ -25,7 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .config import ModelSettings, TrainSettings
+from .config import ExperimentSettings, ModelSettings, TrainSettings
+from .tokenizer import VOCAB_SIZE
 
 # relative cost of a cell per scheme, for the time estimate (TAPA's phase attention: ~1.7x RoPE on CPU)
 COST = {"tapa": 1.7, "tape": 1.3}
@@ -51,18 +52,18 @@ def scheme_fields(spec: str) -> dict[str, Any]:
     return {"name": scheme.name, **options}
 
 
-def build_recipe(*, scheme: str, seed: int, context_length: int, model: ModelSettings, train: TrainSettings,
-                 tokenizer_dir: str, vocab_size: int, eos_id: int, train_files: Sequence[str], output_dir: str,
-                 eval_file: str, eval_lengths: Sequence[int], eval_tokens: int, base_model: str | None = None,
-                 max_positions: int | None = None) -> Any:
-    """The validated :class:`~hf_posenc.training.Recipe` of one cell: from scratch (``model`` as an inline Llama
-    config) or continued from ``base_model`` (a saved model directory), full fine-tuning, evaluation on
-    ``eval_file`` with disjoint windows."""
+def build_recipe(config: ExperimentSettings, prepared: dict[str, Any], *, scheme: str, seed: int,
+                 context_length: int, model: ModelSettings, train: TrainSettings, output_dir: str,
+                 base_model: str | None = None) -> Any:
+    """The validated :class:`~hf_posenc.training.Recipe` of one cell on the data ``prepared`` for ``config``
+    (byte tokenizer, training files, held-out file): from scratch (``model`` as an inline Llama config) or
+    continued from ``base_model`` (a saved model directory), full fine-tuning, evaluation at ``config``'s lengths
+    with disjoint windows."""
     from ..training.config import load_recipe
 
-    model_section: dict[str, Any] = {"tokenizer": tokenizer_dir, "attn_implementation": "sdpa"}
+    model_section: dict[str, Any] = {"tokenizer": prepared["tokenizer_dir"], "attn_implementation": "sdpa"}
     if base_model is None:
-        model_section["config"] = model.llama_config(vocab_size, eos_id, max_positions or context_length)
+        model_section["config"] = model.llama_config(VOCAB_SIZE, prepared["eos_id"], context_length)
     else:
         model_section["path"] = base_model
     data = {
@@ -70,7 +71,7 @@ def build_recipe(*, scheme: str, seed: int, context_length: int, model: ModelSet
         "model": model_section,
         "scheme": {**scheme_fields(scheme), **({"replace": True} if base_model is not None else {})},
         "context_length": context_length,
-        "data": {"files": list(train_files), "packing": "concat"},
+        "data": {"files": list(prepared["train_files"]), "packing": "concat"},
         "peft": {"enabled": False},
         "training": {
             "max_steps": train.steps, "learning_rate": train.learning_rate, "lr_scheduler_type": "cosine",
@@ -81,8 +82,10 @@ def build_recipe(*, scheme: str, seed: int, context_length: int, model: ModelSet
         },
         "loss": {"implementation": "chunked", "chunk_size": 4096},
         "output": {"dir": output_dir, "save_tokenizer": False},
-        "evaluation": {"enabled": True, "lengths": list(eval_lengths), "tasks": ["ppl"], "text_files": [eval_file],
-                       "options": {"progress": False, "stride": max(eval_lengths), "max_tokens": eval_tokens}},
+        "evaluation": {"enabled": True, "lengths": list(config.eval_lengths), "tasks": ["ppl"],
+                       "text_files": [prepared["eval_file"]],
+                       "options": {"progress": False, "stride": max(config.eval_lengths),
+                                   "max_tokens": config.eval_tokens}},
     }
     return load_recipe(data=data)
 
@@ -121,7 +124,6 @@ class Cell:
     directory: Path
     settings: dict[str, Any]
     make_recipe: Callable[[str], Any]  # output_dir -> recipe
-    result: dict[str, Any] | None = None
 
     @property
     def cost(self) -> float:
@@ -139,17 +141,15 @@ class Cell:
         """The cell's result, from its cache or by training now."""
         found = self.cached()
         if found is not None:
-            self.result = found
             return found
         if self.directory.exists():
             shutil.rmtree(self.directory)
-        run_dir = self.directory / "run"
         self.directory.mkdir(parents=True)
-        out = train_and_evaluate(self.make_recipe(str(run_dir)), self.directory / "train.log")
-        self.result = {"label": self.label, "spec": self.spec, "seed": self.seed,
-                       "fingerprint": fingerprint(self.settings), **out}
-        (self.directory / "cell.json").write_text(json.dumps(self.result, indent=2))
-        return self.result
+        out = train_and_evaluate(self.make_recipe(str(self.directory / "run")), self.directory / "train.log")
+        result = {"label": self.label, "spec": self.spec, "seed": self.seed, "fingerprint": fingerprint(self.settings),
+                  **out}
+        (self.directory / "cell.json").write_text(json.dumps(result, indent=2))
+        return result
 
 
 def run_cells(cells: Sequence[Cell], desc: str, progress: bool = True) -> list[dict[str, Any]]:

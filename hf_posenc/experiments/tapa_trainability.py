@@ -86,15 +86,15 @@ def run(config: TapaTrainabilityConfig, out: str | Path, work: str | Path, comma
     arms = config.arms()
     if "RoPE" not in arms:
         raise ValueError("the TAPA sweep needs a 'RoPE' arm as its reference")
-    changed = [f"- {label}: `{spec}`" + "".join(
+    changed = [f"- {label}: `{v.spec}`" + "".join(
         f", {k} {getattr(v, k):g}" for k in ("learning_rate", "warmup_steps", "initializer_range")
-        if getattr(v, k) is not None) for label, v in config.variants.items() for spec in [v.spec]]
+        if getattr(v, k) is not None) for label, v in config.variants.items()]
     notes = ["Arms (scheme spec and the settings each changes):", "", *changed, "",
              f"A TAPA arm matches RoPE in-distribution when its mean at L is within two combined sd of RoPE's (or "
              f"below); it is flat when its loss grows from L to {config.base.eval_multiples[-1]}L by less than "
              f"{FLAT_FRACTION:g} x RoPE's growth. The s / run column is the measured wall time of a run (training and "
              "evaluation); runs that shared the cores with other work are slower.", ""]
     return run_from_scratch(config.base, arms, out, work, command, corpus=corpus, progress=progress,
-                            title=f"Is TAPA trainable? A sweep of its settings ({config.size})",
+                            title=f"Is TAPA trainable? A sweep of its settings ({config.base.size})",
                             experiment=config.name, experiment_config=config.to_dict(), verdict=verdict,
                             notes=notes)

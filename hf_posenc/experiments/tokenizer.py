@@ -14,33 +14,17 @@ perplexity per byte.
 from __future__ import annotations
 
 import os
-from functools import lru_cache
 from typing import Any
 
 EOS = "<|endoftext|>"
 VOCAB_SIZE = 257
 
 
-@lru_cache(maxsize=1)
-def bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's reversible map from the 256 byte values to printable characters (what the ByteLevel
-    pre-tokenizer of ``tokenizers`` emits)."""
-    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(
-        range(ord("®"), ord("ÿ") + 1))
-    chars = printable[:]
-    extra = 0
-    for b in range(256):
-        if b not in printable:
-            printable.append(b)
-            chars.append(256 + extra)
-            extra += 1
-    return dict(zip(printable, (chr(c) for c in chars)))
-
-
 def byte_tokenizer() -> Any:
     """A ``PreTrainedTokenizerFast``: id ``b`` for byte ``b``, ``<|endoftext|>`` = 256, no special tokens added."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+    from transformers.convert_slow_tokenizer import bytes_to_unicode  # GPT-2's byte <-> printable character map
 
     vocab = {char: byte for byte, char in bytes_to_unicode().items()}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
