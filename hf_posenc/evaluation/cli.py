@@ -15,8 +15,8 @@ import argparse
 import sys
 from typing import Any
 
-from ..models import parse_model_specs, split_gguf
-
+from ..models import load_model as load_pretrained
+from ..models import load_tokenizer, parse_model_specs
 from .runner import DEFAULT_DEPTHS, TASKS
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")
@@ -79,26 +79,14 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentPars
 
 def load_model(path: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str | None = None,
                attn_implementation: str | None = None) -> Any:
-    """``AutoModelForCausalLM.from_pretrained`` in eval mode; a GGUF file is loaded dequantized."""
+    """:func:`hf_posenc.models.load_model` (a GGUF file loaded dequantized) on ``device``, in eval mode."""
     import torch
-    from transformers import AutoModelForCausalLM, GgufConfig
 
-    path, gguf_file = split_gguf(path, gguf_file)
     kwargs: dict[str, Any] = {"dtype": dtype if dtype == "auto" else getattr(torch, dtype)}
     if attn_implementation is not None:
         kwargs["attn_implementation"] = attn_implementation
-    if gguf_file is not None:
-        kwargs.update(gguf_file=gguf_file, quantization_config=GgufConfig(dequantize=True))
-    model = AutoModelForCausalLM.from_pretrained(path, **kwargs)
-    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
-    return model.to(device).eval()
-
-
-def load_tokenizer(path: str, gguf_file: str | None = None) -> Any:
-    from transformers import AutoTokenizer
-
-    path, gguf_file = split_gguf(path, gguf_file)
-    return AutoTokenizer.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}))
+    model = load_pretrained(path, gguf_file, **kwargs)
+    return model.to(device or ("cuda" if torch.cuda.is_available() else "cpu")).eval()
 
 
 def parse_scheme_args(specs: list[str]) -> dict[str, Any]:

@@ -63,30 +63,21 @@ def window_spans(num_tokens: int, context_length: int, stride: int) -> Iterator[
             break
 
 
-def _masked_labels(window: torch.Tensor, num_new: int) -> torch.Tensor:
-    labels = window.clone()
-    labels[:, : window.shape[1] - num_new] = IGNORE_INDEX
-    return labels
-
-
-def _postprocess_logits(model: Any, logits: torch.Tensor) -> torch.Tensor:
-    """What causal-LM heads do after ``lm_head`` (:func:`hf_posenc.layers.output_logit_transform`)."""
-    scale, cap = output_logit_transform(model.config)
-    if scale != 1.0:
-        logits = logits * scale
-    if cap is not None:
-        logits = torch.tanh(logits / cap) * cap
-    return logits
+def _check_text_length(num_tokens: int, context_length: int) -> None:
+    if num_tokens < context_length:
+        raise TextTooShortError(
+            f"the text has {num_tokens} tokens but context length {context_length} needs at least {context_length}; "
+            "use a longer text or smaller --lengths"
+        )
 
 
 def window_nll_reference(model: Any, window: torch.Tensor, num_new: int) -> tuple[float, int]:
     """``(sum of NLL, number of scored targets)`` of one window from the model's full logits (reference path)."""
-    labels = _masked_labels(window, num_new)
+    labels = window.clone()
+    labels[:, : window.shape[1] - num_new] = IGNORE_INDEX  # targets an earlier window scored
     logits = model(input_ids=window).logits.float()
-    shifted_logits, shifted_labels = logits[0, :-1], labels[0, 1:]
-    count = int((shifted_labels != IGNORE_INDEX).sum())
-    nll = F.cross_entropy(shifted_logits, shifted_labels, ignore_index=IGNORE_INDEX, reduction="sum")
-    return float(nll), count
+    nll = F.cross_entropy(logits[0, :-1], labels[0, 1:], ignore_index=IGNORE_INDEX, reduction="sum")
+    return float(nll), int((labels[0, 1:] != IGNORE_INDEX).sum())
 
 
 def window_nll(model: Any, window: torch.Tensor, num_new: int, chunk_size: int = 1024) -> tuple[float, int]:
@@ -107,9 +98,12 @@ def window_nll(model: Any, window: torch.Tensor, num_new: int, chunk_size: int =
         return 0.0, 0
     hidden = decoder(input_ids=window).last_hidden_state[0, first_target - 1 : length - 1]
     targets = window[0, first_target:]
+    scale, cap = output_logit_transform(model.config)  # what causal-LM heads do after lm_head
     total = torch.zeros((), dtype=torch.float64, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk_size):
-        logits = _postprocess_logits(model, head(hidden[start : start + chunk_size]).float())
+        logits = head(hidden[start : start + chunk_size]).float() * scale
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         total += F.cross_entropy(logits, targets[start : start + chunk_size], reduction="sum").double()
     return float(total), int(targets.numel())
 
@@ -175,13 +169,9 @@ def sliding_window_perplexity(
         raise ValueError(f"context_length must be an int >= 2, got {context_length!r}")
     stride = max(1, context_length // 2) if stride is None else stride
     num_tokens = ids.shape[1]
-    if num_tokens < context_length:
-        raise TextTooShortError(
-            f"the text has {num_tokens} tokens but context length {context_length} needs at least {context_length}; "
-            "use a longer text or smaller --lengths"
-        )
+    _check_text_length(num_tokens, context_length)
     spans = list(window_spans(num_tokens, context_length, stride))
-    device = _model_device(model)
+    device = next((p.device for p in model.parameters()), torch.device("cpu"))  # no parameters: run on the CPU
     score = window_nll if fast else window_nll_reference
     kwargs = {"chunk_size": chunk_size} if fast else {}
     total, count = 0.0, 0
@@ -215,18 +205,6 @@ def perplexity_at_lengths(
     Every length is checked against the text before any model runs, so a too-short text fails fast.
     """
     ids = torch.as_tensor(input_ids).reshape(1, -1)
-    too_long = [n for n in lengths if n > ids.shape[1]]
-    if too_long:
-        raise TextTooShortError(
-            f"the text has {ids.shape[1]} tokens but context length {max(too_long)} needs at least {max(too_long)}; "
-            "use a longer text or smaller --lengths"
-        )
+    _check_text_length(ids.shape[1], max(lengths, default=0))
     return [sliding_window_perplexity(model, ids, n, stride if stride is None else min(stride, n), **kwargs)
             for n in lengths]
-
-
-def _model_device(model: Any) -> torch.device:
-    try:
-        return next(model.parameters()).device
-    except StopIteration:  # a model without parameters runs wherever its inputs are
-        return torch.device("cpu")

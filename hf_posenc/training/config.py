@@ -558,7 +558,7 @@ def validate_recipe(recipe: Recipe) -> None:
 
     d = recipe.data
     for path in data_files(d):
-        if not path.endswith((".txt", ".jsonl", ".md", ".py", ".json")) and not path.endswith(".text"):
+        if not path.endswith((".txt", ".text", ".jsonl", ".md", ".py", ".json")):
             raise RecipeError(f"data.files: {path!r} is neither text (.txt, .md, .py) nor .jsonl.")
     if d.dataset is not None and _looks_local(d.dataset) and not os.path.exists(os.path.expanduser(d.dataset)):
         raise RecipeError(f"data.dataset: {d.dataset!r} does not exist.")

@@ -1,4 +1,4 @@
-"""Evaluation at the end of a training run, delegated to :mod:`hf_posenc.evaluation` when it is available.
+"""Evaluation at the end of a training run, with :mod:`hf_posenc.evaluation`.
 
 Calls ``hf_posenc.evaluation.evaluate({scheme_name: model}, tokenizer, tasks=..., lengths=..., text=...,
 **evaluation.options)`` and ``write_report(result, <output.dir>/eval)``; the perplexity text is
@@ -7,23 +7,13 @@ Calls ``hf_posenc.evaluation.evaluate({scheme_name: model}, tokenizer, tasks=...
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import warnings
 from pathlib import Path
 from typing import Any
 
+from ..evaluation import evaluate, write_report
 from .config import Recipe
 from .data import read_documents
-
-
-def evaluation_available() -> bool:
-    """True when ``hf_posenc.evaluation`` provides ``evaluate`` and ``write_report``."""
-    if importlib.util.find_spec("hf_posenc.evaluation") is None:
-        return False
-    from .. import evaluation
-
-    return hasattr(evaluation, "evaluate") and hasattr(evaluation, "write_report")
 
 
 def evaluation_text(recipe: Recipe) -> str:
@@ -34,22 +24,14 @@ def evaluation_text(recipe: Recipe) -> str:
     return "\n\n".join(read_documents(recipe.data)["text"])
 
 
-def evaluate_after_training(recipe: Recipe, model: Any, tokenizer: Any, output_dir: str | Path) -> dict | None:
+def evaluate_after_training(recipe: Recipe, model: Any, tokenizer: Any, output_dir: str | Path) -> dict:
     """Evaluate the trained model at ``evaluation.lengths`` (default: the training length); writes
-    ``<output_dir>/eval/`` and returns the result as a dict, or ``None`` (with a warning) when
-    ``hf_posenc.evaluation`` is missing."""
-    if not evaluation_available():
-        warnings.warn("evaluation.enabled is set but hf_posenc.evaluation is not available; skipped.", stacklevel=2)
-        return None
-    from .. import evaluation
-
+    ``<output_dir>/eval/`` and ``<output_dir>/eval.json`` and returns the result as a dict."""
     ev = recipe.evaluation
-    lengths = list(ev.lengths or [recipe.context_length])
-    text = evaluation_text(recipe) if any(t == "ppl" for t in ev.tasks) else None
-    result = evaluation.evaluate({recipe.scheme.name: model}, tokenizer, tasks=list(ev.tasks), lengths=lengths,
-                                 text=text, **ev.options)
-    out = Path(output_dir) / "eval"
-    evaluation.write_report(result, out)
-    payload = result.to_dict() if hasattr(result, "to_dict") else {"result": repr(result)}
+    text = evaluation_text(recipe) if "ppl" in ev.tasks else None
+    result = evaluate({recipe.scheme.name: model}, tokenizer, tasks=list(ev.tasks),
+                      lengths=list(ev.lengths or [recipe.context_length]), text=text, **ev.options)
+    write_report(result, Path(output_dir) / "eval")
+    payload = result.to_dict()
     (Path(output_dir) / "eval.json").write_text(json.dumps(payload, indent=2, default=str))
     return payload

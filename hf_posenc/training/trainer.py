@@ -30,7 +30,6 @@ from ..layers import output_logit_transform
 from .loss import chunked_linear_cross_entropy, liger_linear_cross_entropy, shift_for_causal_lm
 
 LOG_FILE = "log.jsonl"
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 # -- sources ----------------------------------------------------------------------------------------------------
@@ -57,12 +56,13 @@ def load_model_config(recipe: Recipe):
     """The base model's config, without weights (for the checks that run before loading)."""
     from transformers import AutoConfig
 
+    from ..models import load_config
+
     m = recipe.model
     if m.config is not None:
         options = dict(m.config)
         return AutoConfig.for_model(options.pop("model_type"), **options)
-    path, gguf = resolve_source(m.path, m.gguf_file)
-    return AutoConfig.from_pretrained(path, **({"gguf_file": gguf} if gguf else {}))
+    return load_config(*resolve_source(m.path, m.gguf_file))
 
 
 def load_base_model(recipe: Recipe):
@@ -72,7 +72,7 @@ def load_base_model(recipe: Recipe):
     from ..models import load_model
 
     m = recipe.model
-    kw = {"dtype": _DTYPES[m.dtype], "attn_implementation": m.attn_implementation}
+    kw = {"dtype": getattr(torch, m.dtype), "attn_implementation": m.attn_implementation}
     if m.config is not None:
         torch.manual_seed(recipe.training.seed)
         return AutoModelForCausalLM.from_config(load_model_config(recipe), **kw)
@@ -84,9 +84,7 @@ def load_base_model(recipe: Recipe):
 def reachable_length(scheme: Any, config: Any) -> int | None:
     """Context length the scheme's frequencies are designed for without training, or ``None`` when the scheme
     does not rely on RoPE positions beyond pretraining (TAPA's phase attention, TAPE's learned states)."""
-    if uses_custom_attention(scheme) and scheme.attn_implementation is not None:
-        return None
-    if scheme.trainable_modules:
+    if uses_custom_attention(scheme):
         return None
     freq = scheme.frequency_scheme()
     mpe = int(config.max_position_embeddings)
@@ -187,21 +185,6 @@ def truncate_log(path: str | os.PathLike, last_step: int) -> None:
     Path(path).write_text("".join(json.dumps(r) + "\n" for r in records))
 
 
-def _head_linear(module: torch.nn.Module) -> torch.nn.Module:
-    """The output head's active linear layer, looking through a PEFT ``modules_to_save`` wrapper."""
-    if hasattr(module, "modules_to_save") and hasattr(module, "original_module"):
-        if getattr(module, "disable_adapters", False):
-            return module.original_module
-        active = module.active_adapters if hasattr(module, "active_adapters") else [module.active_adapter]
-        for name in active:
-            if name in module.modules_to_save:
-                return module.modules_to_save[name]
-        return module.original_module
-    if not hasattr(module, "weight"):
-        raise TypeError(f"the output head {type(module).__name__} has no weight; use loss.implementation=full.")
-    return module
-
-
 class PosEncTrainer(Trainer):
     """A Trainer whose loss never materialises the full logits (``loss.implementation`` chunked or liger).
 
@@ -220,7 +203,10 @@ class PosEncTrainer(Trainer):
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
         # use_cache=False: Transformers only derives packed-document masks from position ids without a cache.
         inputs = {**inputs, "use_cache": False}
-        head = None if self.loss_implementation == "full" else _head_linear(self.causal_lm.lm_head)
+        # a head in PEFT's modules_to_save hands out the weight and bias of its active (trained) copy
+        head = None if self.loss_implementation == "full" else self.causal_lm.lm_head
+        if head is not None and not hasattr(head, "weight"):
+            raise TypeError(f"the output head {type(head).__name__} has no weight; use loss.implementation=full.")
         if head is None or hasattr(head.weight, "ds_id"):
             # ZeRO-3 gathers the head's weight only inside the head's own forward: the model computes the loss
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -417,7 +403,7 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
         final = final.merge_and_unload()
         if trainer.accelerator.is_main_process:
             save_output(final, merged_dir, save_tokenizer)
-    losses = [r["loss"] for r in read_log(log_path) if "loss" in r]
+    losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]  # what log.jsonl holds
     result = TrainResult(str(out), str(model_dir), None if merged_dir is None else str(merged_dir),
                          str(log_path), losses, notes)
     if recipe.evaluation.enabled and trainer.accelerator.is_main_process:
