@@ -206,12 +206,7 @@ def _patch_call(record: dict[str, Any], replace: bool) -> str:
     """The ``patch_model`` call that gives a base this scheme record (options at their defaults left out)."""
     from .schemes import SCHEMES
 
-    defaults = {}
-    for f in dataclasses.fields(SCHEMES[record["scheme"]]):
-        if f.default is not dataclasses.MISSING:
-            defaults[f.name] = f.default
-        elif f.default_factory is not dataclasses.MISSING:
-            defaults[f.name] = f.default_factory()
+    defaults = SCHEMES[record["scheme"]]().to_dict()  # every scheme option has a default
     options = [f"{k}={_compact(v)!r}" for k, v in record["options"].items()
                if k not in IMPLEMENTATION_OPTIONS and (k not in defaults or defaults[k] != v)]
     args = ", ".join([f"base, {record['scheme']!r}", *options, *(["replace=True"] if replace else [])])
@@ -240,7 +235,7 @@ def check_adapter_base(base: Any, model_id: str | os.PathLike | None, config: An
     """
     from .schemes import SCHEMES
 
-    hub = {k: v for k, v in hub.items() if k in _HUB_KEYS and v is not None}
+    hub = _hub_kwargs(hub)
     if config is None and model_id is not None:
         from peft import PeftConfig
 

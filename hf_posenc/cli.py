@@ -97,16 +97,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_stock
     from .models import load_model
 
-    if args.gguf is not None:  # OUTPUT is a GGUF file for llama.cpp (export_gguf refuses an existing one)
+    if args.gguf is None:  # else OUTPUT is a GGUF file for llama.cpp (export_gguf refuses an existing one)
+        _check_output(args)
+    model = load_model(args.source, args.gguf_file)
+    if args.gguf is not None:
         from .gguf_export import export_gguf
 
-        model = load_model(args.source, args.gguf_file)
         export_gguf(model, args.output, args.gguf, tokenizer=_source_tokenizer(args), llama_cpp=args.llama_cpp,
                     overwrite=args.overwrite)
         print(f"exported for llama.cpp ({args.gguf}) -> {args.output}")
         return 0
-    _check_output(args)
-    model = load_model(args.source, args.gguf_file)
     export_stock(model, args.output, tokenizer=_source_tokenizer(args), overwrite=args.overwrite)
     print(f"exported for stock Transformers -> {args.output}")
     return 0

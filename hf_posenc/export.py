@@ -118,6 +118,15 @@ def stock_config(model_or_config: Any) -> Any:
     return stock
 
 
+def save_stock(model: Any, stock: Any, directory: str | os.PathLike, tokenizer: Any = None,
+               state_dict: dict[str, torch.Tensor] | None = None) -> None:
+    """Transformers' own save of ``model`` (none of the patched class's remote code) with the config ``stock``."""
+    PreTrainedModel.save_pretrained(model, directory, state_dict=state_dict)
+    stock.to_json_file(os.path.join(directory, "config.json"))
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+
+
 def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None, overwrite: bool = False) -> Path:
     """Write ``model`` (patched with a frequency scheme) to ``path`` as a stock Transformers checkpoint.
 
@@ -130,11 +139,7 @@ def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None, ove
     warn_vllm_differences(stock)
     state_dict = fold_attention_factors(model, stock)  # None when there is nothing to fold (see the docstring)
     with atomic_dir(path, overwrite=overwrite) as tmp:
-        # Transformers' own save: none of the patched class's remote code
-        PreTrainedModel.save_pretrained(model, tmp, state_dict=state_dict)
-        stock.to_json_file(os.path.join(tmp, "config.json"))
-        if tokenizer is not None:
-            tokenizer.save_pretrained(tmp)
+        save_stock(model, stock, tmp, tokenizer, state_dict)
         with open(os.path.join(tmp, "config.json")) as f:
             if RECORD_KEY in json.load(f):
                 raise RuntimeError("internal error: the stock config still carries the hf-posenc record.")

@@ -44,7 +44,7 @@ from typing import Any
 import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
-from .export import frequency_factors
+from .export import frequency_factors, save_stock, stock_config
 from .patches import family_for
 from .patching import check_patchable, scheme_record
 from .schemes.base import FrequencySchemeConfig
@@ -141,15 +141,9 @@ def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
 
 def _stage_checkpoint(model: Any, tokenizer: Any, theta: float, directory: str) -> None:
     """The model as a stock checkpoint whose rope type is plain RoPE with base ``theta`` (the converter's input)."""
-    from transformers import PreTrainedModel
-
-    from .export import stock_config
-
     stock = stock_config(model)
     stock.rope_parameters = {"rope_type": "default", "rope_theta": theta}  # the scheme goes into rope_freqs
-    PreTrainedModel.save_pretrained(model, directory)  # Transformers' own save: no remote code
-    stock.to_json_file(os.path.join(directory, "config.json"))
-    tokenizer.save_pretrained(directory)
+    save_stock(model, stock, directory, tokenizer)
 
 
 def _run_converter(script: Path, checkpoint: str, out: str, outtype: str, name: str) -> None:

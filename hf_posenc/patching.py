@@ -17,9 +17,6 @@ from .schemes import SchemeConfig, make_scheme
 from .schemes.base import head_dim as config_head_dim
 from .schemes.cope import rotary_dim
 
-
-
-
 # rope_parameters keys read by a family's attention or rotary module itself, kept when a scheme rewrites the rest.
 FAMILY_ROPE_KEYS = ("llama_4_scaling_beta", "original_max_position_embeddings", "short_mscale", "long_mscale")
 
@@ -31,7 +28,7 @@ TAPE_ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_
 
 def _tape_refusal(model: nn.Module, config: Any) -> str | None:
     """Why TAPE's layer forward cannot carry the positional state through this model's decoder layers, or None."""
-    if any(rotary_dim(config, params) != config_head_dim(config) for params in _layer_rope_parameters(config)):
+    if any(rotary_dim(config, params) != config_head_dim(config) for params in layer_rope_parameters(config)):
         return "partial rotary: TAPE's state covers every head dimension, this family rotates a fraction of them"
     if getattr(config, "no_rope_layers", None) is not None:
         return "layers without positional encoding (no_rope_layers), which TAPE would rotate"
@@ -57,7 +54,8 @@ def _tape_refusal(model: nn.Module, config: Any) -> str | None:
     return None
 
 
-def _layer_rope_parameters(config: Any) -> list[dict[str, Any]]:
+def layer_rope_parameters(config: Any) -> list[dict[str, Any]]:
+    """The rope parameters of each layer type of a config (one dict, or one per nested layer type)."""
     rope = config.rope_parameters
     nested = config.nested_rope_parameter_keys(rope)
     return [rope[k] for k in nested if rope[k] is not None] if nested else [rope]
@@ -72,7 +70,7 @@ def family_refusal(family: Family, model: nn.Module, scheme: SchemeConfig) -> st
     rope = getattr(config, "rope_parameters", None)
     if not isinstance(rope, dict) or not rope:
         return "the config has no rope_parameters (not a rotary model)"
-    for params in _layer_rope_parameters(config):
+    for params in layer_rope_parameters(config):
         if "mrope_section" in params or "mrope_interleaved" in params:
             return "multimodal 3-D rotary positions (mrope_section): no single text position to act on"
         rope_type = params.get("rope_type", "default")

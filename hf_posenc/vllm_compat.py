@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from .patching import layer_rope_parameters
+
 
 def _foldable_factor(config: Any, params: dict[str, Any] | None) -> float | None:
     """The ``attention_factor`` of a ``longrope`` entry whose length ratio is 1 (so vLLM would use scale 1)."""
@@ -99,9 +101,7 @@ VLLM_DIFFERS = {
 
 def warn_vllm_differences(stock: Any) -> None:
     """Warn (naming vLLM) for each rope type in the stock config ``stock`` that vLLM computes differently."""
-    rope = stock.rope_parameters
-    nested = stock.nested_rope_parameter_keys(rope)
-    for params in [rope[k] for k in nested if rope[k]] if nested else [rope]:
+    for params in layer_rope_parameters(stock):
         reason = VLLM_DIFFERS.get(params.get("rope_type"))
         if reason is not None:
             warnings.warn(f"export_stock: rope type {params['rope_type']!r} loads in vLLM but runs differently there: "

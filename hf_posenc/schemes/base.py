@@ -37,11 +37,7 @@ def check_type(scheme: str, name: str, value: Any, kinds: tuple[type, ...], opti
     hashable), and it refuses an ``int`` for a ``float`` option (``p=1``, ``alpha=1``), which users write."""
     if value is None and optional:
         return
-    if isinstance(value, bool) and bool not in kinds:
-        ok = False
-    else:
-        ok = isinstance(value, kinds)
-    if not ok:
+    if (isinstance(value, bool) and bool not in kinds) or not isinstance(value, kinds):
         expected = " or ".join(k.__name__ for k in kinds) + (" or None" if optional else "")
         raise TypeError(f"{scheme}: option {name!r} must be {expected}, got {type(value).__name__} ({value!r}).")
 

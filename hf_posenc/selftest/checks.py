@@ -133,42 +133,36 @@ def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], kernels: tuple[str
     cases: list[CheckCase] = []
     for dt in dtypes:
         base = dict(dtype=dt, batch=s.batch, q_heads=s.q_heads, kv_heads=s.kv_heads)
-        prefill = dict(base, q_len=s.length, k_len=s.length)
-        decode = dict(base, k_len=s.decode_length, backward=False)
+        prefill = dict(base, q_len=s.length, k_len=s.length, backward=True)
+        prefill0 = dict(prefill, head_dim=d0)
+        chunk0 = dict(base, q_len=s.chunk, k_len=s.length, backward=True, head_dim=d0)
+        decode0 = dict(base, k_len=s.decode_length, backward=False, head_dim=d0)
         for kernel in (k for k in kernels if k in ("tapa", "tapa_chunked")):
-            for d in s.head_dims:
-                cases.append(CheckCase(kernel, "causal-gqa", head_dim=d, backward=True, **prefill))
+            cases += [CheckCase(kernel, "causal-gqa", head_dim=d, **prefill) for d in s.head_dims]
             cases += [
-                CheckCase(kernel, "noncausal-alpha0.5-theta0.25", head_dim=d0, backward=True,
-                          options=(("causal", False), ("alpha", 0.5), ("theta", 0.25)), **prefill),
-                CheckCase(kernel, "key-padding", head_dim=d0, backward=True, masking="padding", **prefill),
-                CheckCase(kernel, "packed-segments", head_dim=d0, backward=True, masking="segments", **prefill),
-                CheckCase(kernel, "sliding-window", head_dim=d0, backward=True,
-                          options=(("sliding_window", s.window),), **prefill),
-                CheckCase(kernel, "linear-phase", head_dim=d0, backward=True, options=(("phase", "linear"),),
-                          **prefill),
-                CheckCase(kernel, "chunked-prefill", head_dim=d0, backward=True,
-                          **dict(base, q_len=s.chunk, k_len=s.length)),
-                CheckCase(kernel, "decode", head_dim=d0, q_len=1, **decode),
-                CheckCase(kernel, "decode-padded-window", head_dim=d0, q_len=4, masking="padding",
-                          options=(("sliding_window", s.window),), **decode),
+                CheckCase(kernel, "noncausal-alpha0.5-theta0.25",
+                          options=(("causal", False), ("alpha", 0.5), ("theta", 0.25)), **prefill0),
+                CheckCase(kernel, "key-padding", masking="padding", **prefill0),
+                CheckCase(kernel, "packed-segments", masking="segments", **prefill0),
+                CheckCase(kernel, "sliding-window", options=(("sliding_window", s.window),), **prefill0),
+                CheckCase(kernel, "linear-phase", options=(("phase", "linear"),), **prefill0),
+                CheckCase(kernel, "chunked-prefill", **chunk0),
+                CheckCase(kernel, "decode", q_len=1, **decode0),
+                CheckCase(kernel, "decode-padded-window", q_len=4, masking="padding",
+                          options=(("sliding_window", s.window),), **decode0),
             ]
             if kernel == "tapa":  # the two-kernel backward (the fused one, with atomic dQ, is the default on Hopper)
-                cases += [CheckCase(kernel, f"deterministic-backward-d{d}", head_dim=d, backward=True,
+                cases += [CheckCase(kernel, f"deterministic-backward-d{d}", head_dim=d,
                                     options=(("deterministic", True),), **prefill) for d in s.head_dims]
         if "tape" in kernels:
-            for d in s.head_dims:
-                cases.append(CheckCase("tape", "causal-gqa", head_dim=d, e_dim=d, backward=True, **prefill))
+            cases += [CheckCase("tape", "causal-gqa", head_dim=d, e_dim=d, **prefill) for d in s.head_dims]
             cases += [
-                CheckCase("tape", "e-width-scale", head_dim=d0, e_dim=max(2, d0 // 2), backward=True,
-                          options=(("scale", 0.3),), **prefill),
-                CheckCase("tape", "noncausal", head_dim=d0, e_dim=d0, backward=True, options=(("causal", False),),
-                          **prefill),
-                CheckCase("tape", "key-padding", head_dim=d0, e_dim=d0, backward=True, masking="padding", **prefill),
-                CheckCase("tape", "chunked-prefill", head_dim=d0, e_dim=d0, backward=True,
-                          **dict(base, q_len=s.chunk, k_len=s.length)),
-                CheckCase("tape", "decode", head_dim=d0, e_dim=d0, q_len=1, **decode),
-                CheckCase("tape", "decode-padded", head_dim=d0, e_dim=d0, q_len=4, masking="padding", **decode),
+                CheckCase("tape", "e-width-scale", e_dim=max(2, d0 // 2), options=(("scale", 0.3),), **prefill0),
+                CheckCase("tape", "noncausal", e_dim=d0, options=(("causal", False),), **prefill0),
+                CheckCase("tape", "key-padding", e_dim=d0, masking="padding", **prefill0),
+                CheckCase("tape", "chunked-prefill", e_dim=d0, **chunk0),
+                CheckCase("tape", "decode", e_dim=d0, q_len=1, **decode0),
+                CheckCase("tape", "decode-padded", e_dim=d0, q_len=4, masking="padding", **decode0),
             ]
     return cases
 

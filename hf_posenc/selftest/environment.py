@@ -16,8 +16,6 @@ from pathlib import Path
 
 import torch
 
-KERNEL_MODULES = ("hf_posenc.kernels.tapa.triton_tapa", "hf_posenc.kernels.tape.triton_tape")
-
 
 def device_name(device: torch.device) -> str:
     """The GPU's name, or "CPU: <model name> (<threads> threads)"."""

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -89,11 +89,11 @@ def run_selftest(
     if lengths:
         if min(lengths) <= 0:
             raise ValueError(f"lengths must be positive, got {list(lengths)}")
-        plan = TimingPlan(**{**asdict(plan), "lengths": tuple(int(n) for n in lengths)})
+        plan = replace(plan, lengths=tuple(int(n) for n in lengths))
     if repeats is not None:
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
-        plan = TimingPlan(**{**asdict(plan), "repeats": int(repeats)})
+        plan = replace(plan, repeats=int(repeats))
 
     if needs_fresh_process(dev):
         argv = selftest_argv(dev.type, size, dtypes, plan.lengths if lengths else None, repeats, only, checks, timing,
@@ -169,14 +169,10 @@ def _time_unit(kernel: str, mode: str, length: int, plan: TimingPlan, dtype: tor
             base = results["rope"]["median_ms"]
     except Exception as exc:  # noqa: BLE001 -- reported as an error row and a selftest failure
         return [TimingRow(kernel, mode, length, batch, "-", error=f"{type(exc).__name__}: {exc}".strip()[:2000])]
-    rows = []
-    for name, r in results.items():
-        if not isinstance(r, dict):
-            continue
-        rows.append(TimingRow(kernel, mode, length, batch, CANDIDATE_LABELS.get(name, name),
-                              median_ms=r["median_ms"], tflops=r.get("tflops"), tokens_per_s=r.get("tokens_per_s"),
-                              peak_mem_bytes=r.get("peak_mem_bytes"), vs_rope=r["median_ms"] / base))
-    return rows
+    return [TimingRow(kernel, mode, length, batch, CANDIDATE_LABELS.get(name, name), median_ms=r["median_ms"],
+                      tflops=r.get("tflops"), tokens_per_s=r.get("tokens_per_s"),
+                      peak_mem_bytes=r.get("peak_mem_bytes"), vs_rope=r["median_ms"] / base)
+            for name, r in results.items() if isinstance(r, dict)]  # skips flags such as "fused_meets_target"
 
 
 # --------------------------------------------------------------------------------------------------

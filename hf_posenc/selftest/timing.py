@@ -90,15 +90,17 @@ def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
 TAPA_CANDIDATES = ("tapa_kernel", "sdpa_flash_rope", "tapa_eager")
 
 
-def rope_tables(L: int, D: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables [L, D] of RoPE (θ = 500 000, rotate-half layout)."""
-    inv = 1.0 / (500_000.0 ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
+def rope_tables(L: int, D: int, device: torch.device, dtype: torch.dtype, theta: float = 500_000.0
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables [L, D] of RoPE (base θ, default 500 000; rotate-half layout)."""
+    inv = 1.0 / (theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float32) / D))
     ang = torch.arange(L, device=device, dtype=torch.float32)[:, None] * inv[None, :]
     ang = torch.cat([ang, ang], dim=-1)
     return ang.cos().to(dtype), ang.sin().to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in the rotate-half layout: x·cos + rotate_half(x)·sin with cos/sin [L, D]."""
     x1, x2 = x.chunk(2, dim=-1)
     return x * cos + torch.cat([-x2, x1], dim=-1) * sin
 
@@ -161,15 +163,9 @@ def bench_prefill(B, H, L, D, mode, dtype, device, repeats, group=1, candidates=
     runners = {kname: make_runner(kname, mode, q, k, v, rope) for kname in kinds}
     medians, _ = time_interleaved(runners, device, repeats, warmup)
     flops = causal_flops(B, H, L, D, mode)
-    rows = {}
-    for kname, t in medians.items():
-        rows[kname] = {
-            "median_ms": t * 1e3,
-            "tflops": flops / t / 1e12,
-            "peak_mem_bytes": peak_memory(runners[kname], device),
-        }
-    for kname, why in skipped.items():
-        rows[kname] = {"skipped": why}
+    rows = {kname: {"median_ms": t * 1e3, "tflops": flops / t / 1e12,
+                    "peak_mem_bytes": peak_memory(runners[kname], device)} for kname, t in medians.items()}
+    rows.update({kname: {"skipped": why} for kname, why in skipped.items()})
     ratios = {}
     if "tapa_kernel" in medians and "sdpa_flash_rope" in medians:
         ratios["kernel_over_sdpa"] = medians["tapa_kernel"] / medians["sdpa_flash_rope"]
@@ -233,16 +229,6 @@ class TapeBenchShape:
             raise ValueError("scope 'layer' rotates q/k by E, which needs e_dim == head_dim (De = 2F, F = D/2)")
 
 
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
-def rope_rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """RoPE in the rotate_half layout: x·cos + rotate_half(x)·sin with cos/sin [L, D]."""
-    return x * cos + rotate_half(x) * sin
-
-
 def tape_rotate(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
     """Multiply each frequency pair of x [B, H, L, D] by the complex positional state e [B, Hkv, L, D]
     (re = e[..., :F], im = e[..., F:]), broadcast over the query heads of a GQA group (eq. 6, φ = id)."""
@@ -267,13 +253,11 @@ def build_tape_cases(shape: TapeBenchShape, length: int, device: torch.device, d
     q = torch.randn(B, H, length, D, **gen)
     k = torch.randn(B, Hkv, length, D, **gen)
     v = torch.randn(B, Hkv, length, D, **gen)
-    angle = torch.arange(length, device=device, dtype=torch.float32)[:, None] * (
-        10000.0 ** (-torch.arange(D // 2, device=device, dtype=torch.float32) / (D // 2)))
-    cos = torch.cat([angle.cos(), angle.cos()], -1).to(dtype)
-    sin = torch.cat([angle.sin(), angle.sin()], -1).to(dtype)
+    cos32, sin32 = rope_tables(length, D, device, torch.float32, theta=10_000.0)
+    cos, sin = cos32.to(dtype), sin32.to(dtype)
     # positional state: RoPE-initialised (Appendix B) and perturbed per head, as after a TAPE update
     if De == D:
-        e0 = torch.cat([angle.cos(), angle.sin()], -1).expand(B, Hkv, length, De)
+        e0 = torch.cat([cos32[:, : D // 2], sin32[:, : D // 2]], -1).expand(B, Hkv, length, De)
     else:  # scope "op" with a free positional width: no rotation, any state will do
         e0 = torch.zeros(B, Hkv, length, De, device=device)
     e = (e0 + 0.1 * torch.randn(B, Hkv, length, De, device=device)).to(dtype).requires_grad_(backward)
@@ -282,7 +266,7 @@ def build_tape_cases(shape: TapeBenchShape, length: int, device: torch.device, d
     layer = shape.scope == "layer"
 
     def rope():
-        qq, kk = (rope_rotate(q, cos, sin), rope_rotate(k, cos, sin)) if layer else (q, k)
+        qq, kk = (apply_rope(q, cos, sin), apply_rope(k, cos, sin)) if layer else (q, k)
         o = sdpa_flash(qq, kk, v, causal=True)
         if backward:
             torch.autograd.backward([o], [go])
@@ -322,9 +306,11 @@ def bench_tape_length(shape: TapeBenchShape, length: int, device: torch.device, 
                 mems = {n: peak_memory(fn, device) for n, fn in cases.items()}
         except torch.cuda.OutOfMemoryError as exc:  # recorded in the JSON, not hidden
             row[mode] = {"error": f"out of memory: {exc}".splitlines()[0]}
-            del cases
-            torch.cuda.empty_cache()
             continue
+        finally:
+            del cases
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
         base = medians.get("rope")
         entry: dict = {}
         for name, t in medians.items():
@@ -335,7 +321,4 @@ def bench_tape_length(shape: TapeBenchShape, length: int, device: torch.device, 
         if base is not None and "fused" in medians:
             entry["fused_meets_target"] = medians["fused"] / base <= TAPE_TARGET_RATIO
         row[mode] = entry
-        del cases
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
     return row

@@ -19,12 +19,8 @@ def _layer_params(config: Any, layer_type: str | None) -> dict[str, Any]:
 def _shadow_config(config: Any, layer_type: str | None, params: dict[str, Any]) -> Any:
     """A shallow copy of ``config`` whose rope parameters (for ``layer_type``) are ``params``."""
     shadow = copy.copy(config)
-    if layer_type is None:
-        shadow.rope_parameters = dict(params)
-    else:
-        nested = dict(config.rope_parameters)
-        nested[layer_type] = dict(params)
-        shadow.rope_parameters = nested
+    shadow.rope_parameters = (dict(params) if layer_type is None
+                              else {**config.rope_parameters, layer_type: dict(params)})
     return shadow
 
 

@@ -11,7 +11,6 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
-from ..base import head_dim as config_head_dim
 from .attention import TapeAttentionMixin
 
 if TYPE_CHECKING:
@@ -184,13 +183,9 @@ def install_tape(model: nn.Module, scheme: TAPEConfig) -> None:
     config = model.config
     decoder = _decoder(model)
     kv_heads, q_heads = config.num_key_value_heads, config.num_attention_heads
-    head_dim = config_head_dim(config)
     intermediate = scheme.hidden or 4 * kv_heads
     # A plain dict (not a submodule) so the decoder is not registered twice; deepcopy maps it to the copy.
-    ctx = {
-        "hidden_size": config.hidden_size, "kv_heads": kv_heads, "head_dim": head_dim,
-        "layer_types": _layer_types(config), "decoder": decoder,
-    }
+    ctx = {"kv_heads": kv_heads, "layer_types": _layer_types(config), "decoder": decoder}
     layers = decoder.layers
     kinds = [_state_index(config, ctx["layer_types"], i) for i in range(len(layers))]
     stock_names = {type(layer).__name__ for layer in layers if not isinstance(layer, TapeLayerMixin)}
