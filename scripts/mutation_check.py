@@ -75,8 +75,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     # -- TAPE (paper §3.2, eq. 6-8) ----------------------------------------------------------------------------
     Mutation(
         "tape-query-heads-use-the-wrong-kv-state", "hf_posenc/schemes/tape/attention.py",
-        "q, k = rotate(q, e).transpose(1, 2), rotate(k, e).transpose(1, 2)",
-        "q, k = rotate(q, e.flip(2)).transpose(1, 2), rotate(k, e).transpose(1, 2)",
+        "q, k = rotate(q, tables).transpose(1, 2), rotate(k, tables).transpose(1, 2)",
+        "q, k = rotate(q, [t.flip(2) for t in tables]).transpose(1, 2), rotate(k, tables).transpose(1, 2)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "eq. 6 with GQA: query head h must be rotated by the state of its own key/value head h // group",
     ),

@@ -14,19 +14,27 @@ from ..masks import written_keys
 ATTN_NAME = "hf_posenc_tape"  # the fused kernel's attention function (backend="triton")
 
 
-def rotate(x: torch.Tensor, e: torch.Tensor) -> torch.Tensor:
-    """x ⊙ z per head in RoPE's rotate-half form (eq. 6): x [B, S, H, D], e [B, S, Hkv, D] = [re | im].
+def rotation_tables(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE's (cos, sin) tables from a state E [B, S, Hkv, D] = [re | im]: ([re | re], [im | im]) as
+    [B, S, Hkv, 1, D], built once per layer for both the queries and the keys."""
+    half = e.shape[-1] // 2
+    re, im = e[..., :half], e[..., half:]
+    return torch.cat([re, re], dim=-1).unsqueeze(3), torch.cat([im, im], dim=-1).unsqueeze(3)
+
+
+def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """x ⊙ z per head (eq. 6) in RoPE's form ``x·cos + rotate_half(x)·sin``: x [B, S, H, D], tables from
+    :func:`rotation_tables`.
 
     H is a multiple of Hkv: query head h reads the state of key/value head h // (H / Hkv), like its keys. The
-    products and sums are RoPE's ``x·cos + rotate_half(x)·sin`` term by term, so E₀ reproduces RoPE bit for bit.
-    Token-major like the projections, so the rotated tensors keep the memory layout the stock model hands to
-    attention (and attention picks the same kernel path).
+    products and sums are RoPE's term by term, so E₀ reproduces RoPE bit for bit. Token-major like the
+    projections, so the rotated tensors keep the memory layout the stock model hands to attention (and attention
+    picks the same kernel path).
     """
+    cos, sin = tables
     half = x.shape[-1] // 2
-    xs = x.unflatten(2, (e.shape[2], -1))  # [B, S, Hkv, group, D]
-    re, im = e[..., :half].unsqueeze(3), e[..., half:].unsqueeze(3)
-    x1, x2 = xs[..., :half], xs[..., half:]
-    return torch.cat([x1 * re - x2 * im, x2 * re + x1 * im], dim=-1).flatten(2, 3)
+    xs = x.unflatten(2, (cos.shape[2], -1))  # [B, S, Hkv, group, D]
+    return (xs * cos + torch.cat([-xs[..., half:], xs[..., :half]], dim=-1) * sin).flatten(2, 3)
 
 
 def attention_function(attn: nn.Module):
@@ -86,7 +94,8 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
     k = attn.k_proj(hidden).view(shape)
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q, k = rotate(q, e).transpose(1, 2), rotate(k, e).transpose(1, 2)
+    tables = rotation_tables(e)
+    q, k = rotate(q, tables).transpose(1, 2), rotate(k, tables).transpose(1, 2)
     e_kv = e.transpose(1, 2)  # [B, Hkv, S, D]
     v = attn.v_proj(hidden).view(shape).transpose(1, 2)
     name = attn.config._attn_implementation
