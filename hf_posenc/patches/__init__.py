@@ -98,24 +98,6 @@ class _Families(Mapping[str, Family]):
 FAMILIES = _Families()
 
 
-class _PatchedTypes(Mapping[str, Family]):
-    """Patched model type (``hf_posenc_<type>``) -> family, through :data:`FAMILIES`."""
-
-    def __getitem__(self, model_type: str) -> Family:
-        if not model_type.startswith(MODEL_TYPE_PREFIX):
-            raise KeyError(model_type)
-        return FAMILIES[stock_type_of(model_type)]
-
-    def __iter__(self) -> Iterator[str]:
-        return iter([a.model_type for a in FAMILIES.values()])
-
-    def __len__(self) -> int:
-        return len(FAMILIES)
-
-
-PATCHED_TYPES = _PatchedTypes()
-
-
 def family_for(model_type: str) -> Family:
     """The family of a stock or patched model type; a type hf-posenc cannot patch is a :class:`FamilyRefused`
     error (a ``ValueError``) that names the reason and the families the test matrix verified."""
@@ -175,4 +157,4 @@ def install_lookup() -> None:
 
 install_lookup()
 
-__all__ = ["FAMILIES", "OVERRIDES", "PATCHED_TYPES", "Family", "FamilyRefused", "family_for", "check_scheme"]
+__all__ = ["FAMILIES", "OVERRIDES", "Family", "FamilyRefused", "family_for", "check_scheme"]

@@ -143,6 +143,16 @@ def _row_block(start, base, off_a, off_p, off_v, stride_a, stride_v, POS, L,
 
 
 @triton.jit
+def _tile_offsets(stride_x, stride_y, BLOCK: tl.constexpr, BDA: tl.constexpr, BDP: tl.constexpr,
+                  BDV: tl.constexpr):
+    """The int32 offsets `_row_block` takes for a BLOCK-row tile: amplitude and phase columns of a q|k-like
+    tensor (row stride stride_x), columns of the matching v|dO-like tensor (row stride stride_y)."""
+    rows = tl.arange(0, BLOCK)[:, None]
+    return (rows * stride_x + tl.arange(0, BDA)[None, :], rows * stride_x + tl.arange(0, BDP)[None, :],
+            rows * stride_y + tl.arange(0, BDV)[None, :])
+
+
+@triton.jit
 def _products(x_a, x_p, y_a, y_p, LINEAR: tl.constexpr, IN_PREC: tl.constexpr):
     """(a, p) of rows x against rows y, [rows(x), rows(y)]: a = x_A·y_Aᵀ and p = x_P·y_Pᵀ (eq. 12) or
     Σx_P + Σy_P (eq. 16; x_p and y_p are then the row sums)."""
@@ -243,6 +253,7 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
     offs_n = tl.arange(0, BLOCK_N)
     kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh,
                KSUM + b64 * stride_skb + kvh64 * stride_skh)
+    # written out, not `_tile_offsets`: the shared column offsets keep this kernel 3 registers lower on sm_90
     k_off_a = offs_n[:, None] * stride_kn + offs_da[None, :]
     k_off_p = offs_n[:, None] * stride_kn + offs_dp[None, :]
     v_off = offs_n[:, None] * stride_vn + offs_dv[None, :]
@@ -352,16 +363,12 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
     b64 = (pid_bkv // HKV).to(tl.int64)
     kvh64 = (pid_bkv % HKV).to(tl.int64)
     start_n = pid_n * BLOCK_N
-    offs_da = tl.arange(0, BDA)
-    offs_dp = tl.arange(0, BDP)
-    offs_dv = tl.arange(0, BDV)
-    offs_n = tl.arange(0, BLOCK_N)
+    k_off_a, k_off_p, v_off = _tile_offsets(stride_kn, stride_vn, BLOCK_N, BDA, BDP, BDV)
     offs_n, n_ok, ka, kp, v, k_pos = _row_block(
         start_n, (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh,
                   KSUM + b64 * stride_skb + kvh64 * stride_skh),
-        offs_n[:, None] * stride_kn + offs_da[None, :], offs_n[:, None] * stride_kn + offs_dp[None, :],
-        offs_n[:, None] * stride_vn + offs_dv[None, :], stride_kn, stride_vn, KPOS + b64 * Lk, Lk,
-        DA, BDA, DP, BDP, DV_, BDV, BLOCK_N, True, LINEAR)
+        k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS + b64 * Lk, Lk, DA, BDA, DP, BDP, DV_, BDV, BLOCK_N,
+        True, LINEAR)
     k_ref = tl.load(KPOS + b64 * Lk + tl.minimum(start_n + BLOCK_N // 2, Lk - 1))
     k_tag = tl.load(KTAG + b64 * Lk + offs_n, mask=offs_n < Lk * has_tags, other=0)
     dk_a = tl.zeros([BLOCK_N, BDA], dtype=tl.float32)
@@ -375,10 +382,7 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
     m_lo, u_lo, u_hi, n_left, n_masked, n_full = query_block_range(start_n, Lq, Lk, rb, lb, has_tags, BLOCK_M,
                                                                    BLOCK_N)
 
-    offs_m = tl.arange(0, BLOCK_M)
-    q_off_a = offs_m[:, None] * stride_qm + offs_da[None, :]
-    q_off_p = offs_m[:, None] * stride_qm + offs_dp[None, :]
-    do_off = offs_m[:, None] * stride_dom + offs_dv[None, :]
+    q_off_a, q_off_p, do_off = _tile_offsets(stride_qm, stride_dom, BLOCK_M, BDA, BDP, BDV)
     # (query head of the group, query block) pairs in flat loops (nested loops cost registers): first the
     # blocks every query row of which sees the whole key block, then the masked ones (diagonal band, window
     # edge, ragged ends). h64 / j count the pairs.
@@ -415,6 +419,9 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
         dk_p = tl.zeros([BLOCK_N, BDP], dtype=tl.float32) + (dk_psum * (-6.283185307179586 * c_a))[:, None]
     else:
         dk_p = dk_p * (-6.283185307179586 * c_a)
+    offs_da = tl.arange(0, BDA)
+    offs_dp = tl.arange(0, BDP)
+    offs_dv = tl.arange(0, BDV)
     dk_rows = DK + b64 * stride_dkb + kvh64 * stride_dkh + offs_n.to(tl.int64) * stride_dkn
     store_rows(dk_rows[:, None] + offs_da[None, :], dk_a.to(DK.dtype.element_ty), n_ok, offs_da < DA, BDA != DA)
     store_rows(dk_rows[:, None] + DA + offs_dp[None, :], dk_p.to(DK.dtype.element_ty), n_ok, offs_dp < DP,
@@ -468,27 +475,20 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
     h64 = h.to(tl.int64)
     kvh64 = (h // GROUP).to(tl.int64)
     start_m = pid_m * BLOCK_M
-    offs_da = tl.arange(0, BDA)
-    offs_dp = tl.arange(0, BDP)
-    offs_dv = tl.arange(0, BDV)
-    offs_m = tl.arange(0, BLOCK_M)
+    q_off_a, q_off_p, do_off = _tile_offsets(stride_qm, stride_dom, BLOCK_M, BDA, BDP, BDV)
     offs_m, m_ok, qa, qp, do, q_pos = _row_block(
         start_m, (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh,
                   QSUM + b64 * stride_sqb + h64 * stride_sqh),
-        offs_m[:, None] * stride_qm + offs_da[None, :], offs_m[:, None] * stride_qm + offs_dp[None, :],
-        offs_m[:, None] * stride_dom + offs_dv[None, :], stride_qm, stride_dom, QPOS + b64 * Lq, Lq,
-        DA, BDA, DP, BDP, DV, BDV, BLOCK_M, True, LINEAR)
+        q_off_a, q_off_p, do_off, stride_qm, stride_dom, QPOS + b64 * Lq, Lq, DA, BDA, DP, BDP, DV, BDV, BLOCK_M,
+        True, LINEAR)
     row0 = (b64 * H + h64) * Lq
     lse = tl.load(LSE + row0 + offs_m, mask=m_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
     q_tag = tl.load(QTAG + b64 * Lq + offs_m, mask=offs_m < Lq * has_tags, other=0)
     q_ref = tl.load(QPOS + b64 * Lq + tl.minimum(start_m + BLOCK_M // 2, Lq - 1))
-    offs_n = tl.arange(0, BLOCK_N)
     kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh,
                KSUM + b64 * stride_skb + kvh64 * stride_skh)
-    k_off_a = offs_n[:, None] * stride_kn + offs_da[None, :]
-    k_off_p = offs_n[:, None] * stride_kn + offs_dp[None, :]
-    v_off = offs_n[:, None] * stride_vn + offs_dv[None, :]
+    k_off_a, k_off_p, v_off = _tile_offsets(stride_kn, stride_vn, BLOCK_N, BDA, BDP, BDV)
     kpos_b = KPOS + b64 * Lk
     ktag_b = KTAG + b64 * Lk
 
@@ -517,6 +517,8 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
         dq_p = tl.zeros([BLOCK_M, BDP], dtype=tl.float32) + (dq_psum * (-6.283185307179586 * c_a))[:, None]
     else:
         dq_p = dq_p * (-6.283185307179586 * c_a)
+    offs_da = tl.arange(0, BDA)
+    offs_dp = tl.arange(0, BDP)
     dq_rows = DQ + b64 * stride_dqb + h64 * stride_dqh + offs_m.to(tl.int64) * stride_dqm
     store_rows(dq_rows[:, None] + offs_da[None, :], dq_a.to(DQ.dtype.element_ty), m_ok, offs_da < DA, BDA != DA)
     store_rows(dq_rows[:, None] + DA + offs_dp[None, :], dq_p.to(DQ.dtype.element_ty), m_ok, offs_dp < DP,

@@ -90,6 +90,21 @@ _WIDTHS = dict(padded_widths(BLOCK_D="D", BLOCK_DE="DE"), D_MASK=lambda a: a["BL
 
 
 @triton.jit
+def _row_tiles(X, Y, Z, rows64, row_ok, stride_x, stride_y, stride_z, D, DE, BLOCK_D: tl.constexpr,
+               BLOCK_DE: tl.constexpr, D_MASK: tl.constexpr, DE_MASK: tl.constexpr):
+    """Rows `rows64` (64-bit) of three row-major views: x and y (q|k-like, v|dO-like) D wide, z (E-like) DE wide.
+    Returns (x, y, z, the column offsets of D and DE and their masks)."""
+    offs_d = tl.arange(0, BLOCK_D)
+    offs_de = tl.arange(0, BLOCK_DE)
+    d_ok = offs_d < D
+    de_ok = offs_de < DE
+    x = load_tile((X + rows64 * stride_x)[:, None] + offs_d[None, :], row_ok, d_ok, True, D_MASK)
+    y = load_tile((Y + rows64 * stride_y)[:, None] + offs_d[None, :], row_ok, d_ok, True, D_MASK)
+    z = load_tile((Z + rows64 * stride_z)[:, None] + offs_de[None, :], row_ok, de_ok, True, DE_MASK)
+    return x, y, z, offs_d, offs_de, d_ok, de_ok
+
+
+@triton.jit
 def _fwd_block(acc_o, acc_e, m_i, l_i, q, qi, start_n, k_base, v_base, e_base, k_off, v_off, e_off,
                stride_kl, stride_vl, stride_el, KPM, d_ok, de_ok, Lk, rb, has_kpm, qk_scale,
                BLOCK_N: tl.constexpr, D_MASK: tl.constexpr, DE_MASK: tl.constexpr, MASKED: tl.constexpr,
@@ -242,16 +257,10 @@ def _tape_bwd_dkdv_kernel(
     start_n = pid_n * BLOCK_N
     cols = start_n + tl.arange(0, BLOCK_N)
     col_ok = cols < Lk
-    offs_m = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_de = tl.arange(0, BLOCK_DE)
-    d_ok = offs_d < D
-    de_ok = offs_de < DE
     c64 = cols.to(tl.int64)
-    k = load_tile((K + b64 * skb + kv64 * skh + c64 * skl)[:, None] + offs_d[None, :], col_ok, d_ok, True, D_MASK)
-    v = load_tile((V + b64 * svb + kv64 * svh + c64 * svl)[:, None] + offs_d[None, :], col_ok, d_ok, True, D_MASK)
-    e = load_tile((E + b64 * seb + kv64 * seh + c64 * sel)[:, None] + offs_de[None, :], col_ok, de_ok, True,
-                  DE_MASK)
+    k, v, e, offs_d, offs_de, d_ok, de_ok = _row_tiles(
+        K + b64 * skb + kv64 * skh, V + b64 * svb + kv64 * svh, E + b64 * seb + kv64 * seh, c64, col_ok, skl, svl,
+        sel, D, DE, BLOCK_D, BLOCK_DE, D_MASK, DE_MASK)
     keep = col_ok & (tl.load(KPM + b64 * skpm + cols, mask=cols < Lk * has_kpm, other=1) != 0)
 
     dk = tl.zeros([BLOCK_N, BLOCK_D], tl.float32)
@@ -262,6 +271,7 @@ def _tape_bwd_dkdv_kernel(
     m_lo, u_lo, u_hi, n_left, n_masked, n_full = query_block_range(start_n, Lq, Lk, rb, -Lq - 1, has_kpm, BLOCK_M,
                                                                    BLOCK_N)
 
+    offs_m = tl.arange(0, BLOCK_M)
     q_off = offs_m[:, None] * sql + offs_d[None, :]
     do_off = offs_m[:, None] * sdol + offs_d[None, :]
     deo_off = offs_m[:, None] * sdeol + offs_de[None, :]
@@ -338,17 +348,10 @@ def _tape_bwd_dq_kernel(
     m0 = pid_m * BLOCK_M
     rows = m0 + tl.arange(0, BLOCK_M)
     row_ok = rows < Lq
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_D)
-    offs_de = tl.arange(0, BLOCK_DE)
-    d_ok = offs_d < D
-    de_ok = offs_de < DE
     r64 = rows.to(tl.int64)
-    q = load_tile((Q + b64 * sqb + h64 * sqh + r64 * sql)[:, None] + offs_d[None, :], row_ok, d_ok, True, D_MASK)
-    do = load_tile((DO + b64 * sdob + h64 * sdoh + r64 * sdol)[:, None] + offs_d[None, :], row_ok, d_ok, True,
-                   D_MASK)
-    deo = load_tile((DEO + b64 * sdeob + h64 * sdeoh + r64 * sdeol)[:, None] + offs_de[None, :], row_ok, de_ok,
-                    True, DE_MASK)
+    q, do, deo, offs_d, offs_de, d_ok, de_ok = _row_tiles(
+        Q + b64 * sqb + h64 * sqh, DO + b64 * sdob + h64 * sdoh, DEO + b64 * sdeob + h64 * sdeoh, r64, row_ok, sql,
+        sdol, sdeol, D, DE, BLOCK_D, BLOCK_DE, D_MASK, DE_MASK)
     row0 = (b64 * Hq + h64) * Lq
     lse = tl.load(LSE + row0 + rows, mask=row_ok, other=float("inf"))
     delta = tl.load(DELTA + row0 + rows, mask=row_ok, other=0.0)
@@ -356,6 +359,7 @@ def _tape_bwd_dq_kernel(
     k_base = K + b64 * skb + kv64 * skh
     v_base = V + b64 * svb + kv64 * svh
     e_base = E + b64 * seb + kv64 * seh
+    offs_n = tl.arange(0, BLOCK_N)
     k_off = offs_n[:, None] * skl + offs_d[None, :]
     v_off = offs_n[:, None] * svl + offs_d[None, :]
     e_off = offs_n[:, None] * sel + offs_de[None, :]
