@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import torch
 from torch import nn
 
 
@@ -22,7 +23,7 @@ def output_logit_transform(config) -> tuple[float, float | None]:
     softcap·tanh(scale·z / softcap) (no tanh when ``softcap`` is ``None``), where ``scale`` is Cohere's
     ``logit_scale`` divided by Granite's ``logits_scaling`` and ``softcap`` is Gemma2/3's
     ``final_logit_softcapping``. Every path that computes logits itself (chunked losses, chunked perplexity) reads
-    them here."""
+    them here and applies them with :func:`transform_logits`."""
     scale = 1.0
     logit_scale = getattr(config, "logit_scale", None)
     if logit_scale is not None:
@@ -32,3 +33,10 @@ def output_logit_transform(config) -> tuple[float, float | None]:
         scale /= float(logits_scaling)
     softcap = getattr(config, "final_logit_softcapping", None)
     return scale, None if softcap is None else float(softcap)
+
+
+def transform_logits(logits: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
+    """softcap·tanh(scale·z / softcap), or scale·z when ``softcap`` is ``None``: the transform that
+    :func:`output_logit_transform` describes, applied to ``lm_head``'s output ``z``."""
+    logits = logits * scale
+    return logits if softcap is None else softcap * torch.tanh(logits / softcap)

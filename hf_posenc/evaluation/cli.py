@@ -128,22 +128,21 @@ def run_eval(args: argparse.Namespace) -> int:
     common = dict(text=text, stride=args.stride, max_tokens=args.max_tokens, trials=args.trials, seed=args.seed,
                   num_distractors=args.distractors, num_values=args.values, max_new_tokens=args.max_new_tokens,
                   fast=not args.full_logits, chunk_size=args.chunk_size, progress=not args.no_progress)
+
+    def load(name: str, path: str) -> Any:
+        print(f"loading {name} from {path}...", file=sys.stderr)
+        return load_model(path, args.gguf_file, dtype=args.dtype, device=args.device,
+                          attn_implementation=args.attn_implementation)
+
     result = None
     if schemes:
         (base_name, base_path), specs = specs[0], specs[1:]
-
-        def fresh() -> Any:
-            print(f"loading {base_name} from {base_path}...", file=sys.stderr)
-            return load_model(base_path, args.gguf_file, dtype=args.dtype, device=args.device,
-                              attn_implementation=args.attn_implementation)
-
         tokenizer = shared_tokenizer or load_tokenizer(base_path, args.gguf_file)
-        result = evaluate_schemes(fresh, schemes, tokenizer, tasks, args.lengths, args.depths, **common)
+        result = evaluate_schemes(lambda: load(base_name, base_path), schemes, tokenizer, tasks, args.lengths,
+                                  args.depths, **common)
         result.settings["base"] = base_path
     for name, path in specs:  # one model in memory at a time
-        print(f"loading {name} from {path}...", file=sys.stderr)
-        model = load_model(path, args.gguf_file, dtype=args.dtype, device=args.device,
-                           attn_implementation=args.attn_implementation)
+        model = load(name, path)
         tokenizer = shared_tokenizer or load_tokenizer(path, args.gguf_file)
         part = evaluate({name: model}, tokenizer, tasks, args.lengths, args.depths, **common)
         result = part if result is None else result.merge(part)
@@ -152,18 +151,3 @@ def run_eval(args: argparse.Namespace) -> int:
     for path in write_report(result, args.out):
         print(path)
     return 0
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Stand-alone entry (``python -m hf_posenc.evaluation.cli``) until the lead mounts the sub-command."""
-    parser = add_eval_arguments(argparse.ArgumentParser(prog="hf-posenc eval", description=__doc__))
-    args = parser.parse_args(argv)
-    try:
-        return run_eval(args)
-    except (ValueError, TypeError, OSError) as exc:
-        print(f"hf-posenc eval: error: {exc}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

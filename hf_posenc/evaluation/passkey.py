@@ -10,7 +10,6 @@ the key (exact match).
 
 from __future__ import annotations
 
-import random
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -24,7 +23,7 @@ TASK_DESCRIPTION = (
 FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "The pass key is {key}. Remember it. {key} is the pass key."
 QUESTION = "What is the pass key? The pass key is"
-KEY_RANGE = (1, 50000)
+KEY_RANGE = (1, 50000)  # keys are drawn uniformly from this range (inclusive), as in the original
 #: Greedy tokens decoded by default (a 5-digit key plus room for a leading space on digit-wise tokenizers).
 MAX_NEW_TOKENS = 10
 
@@ -41,11 +40,6 @@ def passkey_prompt(prefix_chars: int, suffix_chars: int, key: int) -> str:
     """The exact prompt with ``prefix_chars`` filler characters before the needle and ``suffix_chars`` after it."""
     lines = [TASK_DESCRIPTION, filler_text(prefix_chars), NEEDLE.format(key=key), filler_text(suffix_chars), QUESTION]
     return "\n".join(lines)
-
-
-def random_key(rng: random.Random) -> int:
-    """A key drawn uniformly from 1..50000 (inclusive), as in the original."""
-    return rng.randint(*KEY_RANGE)
 
 
 @dataclass

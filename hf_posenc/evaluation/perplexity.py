@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..layers import decoder_layers, output_logit_transform
+from ..layers import decoder_layers, output_logit_transform, transform_logits
 from .results import PerplexityResult
 
 IGNORE_INDEX = -100
@@ -101,9 +101,7 @@ def window_nll(model: Any, window: torch.Tensor, num_new: int, chunk_size: int =
     scale, cap = output_logit_transform(model.config)  # what causal-LM heads do after lm_head
     total = torch.zeros((), dtype=torch.float64, device=hidden.device)
     for start in range(0, hidden.shape[0], chunk_size):
-        logits = head(hidden[start : start + chunk_size]).float() * scale
-        if cap is not None:
-            logits = torch.tanh(logits / cap) * cap
+        logits = transform_logits(head(hidden[start : start + chunk_size]).float(), scale, cap)
         total += F.cross_entropy(logits, targets[start : start + chunk_size], reduction="sum").double()
     return float(total), int(targets.numel())
 
@@ -118,12 +116,10 @@ def layer_progress(model: Any, desc: str, enabled: bool = True) -> Iterator[None
     progress inside one long forward. Models without decoder layers at ``.model.layers`` get no bar."""
     from tqdm.auto import tqdm
 
-    layers = None
-    if enabled:
-        try:
-            layers = decoder_layers(model)
-        except TypeError:  # not a Transformers decoder (e.g. a bare module): nothing to count, no bar
-            layers = None
+    try:
+        layers = decoder_layers(model) if enabled else None
+    except TypeError:  # not a Transformers decoder (e.g. a bare module): nothing to count, no bar
+        layers = None
     if layers is None:
         yield
         return

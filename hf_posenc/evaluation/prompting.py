@@ -24,27 +24,25 @@ def largest_fitting(build: Callable[[int], str], tokenizer: Any, target: int, wh
     """
     if not isinstance(target, int) or target < 1:
         raise ValueError(f"{what}: target length must be a positive int, got {target!r}")
-    prompt = build(0)
-    tokens = count_tokens(tokenizer, prompt)
-    if tokens > target:
-        raise ValueError(f"{what}: the prompt without filler already has {tokens} tokens, more than the requested "
-                         f"length {target}; ask for a length of at least {tokens}")
-    lo, lo_prompt, lo_tokens, hi = 0, prompt, tokens, 64
-    while True:  # grow hi until it overflows
-        prompt = build(hi)
-        tokens = count_tokens(tokenizer, prompt)
-        if tokens > target:
-            break
-        lo, lo_prompt, lo_tokens, hi = hi, prompt, tokens, hi * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        prompt = build(mid)
-        tokens = count_tokens(tokenizer, prompt)
-        if tokens <= target:
-            lo, lo_prompt, lo_tokens = mid, prompt, tokens
+
+    def measure(n: int) -> tuple[int, str, int]:
+        prompt = build(n)
+        return n, prompt, count_tokens(tokenizer, prompt)
+
+    best = measure(0)  # the largest n known to fit, with its prompt and token count
+    if best[2] > target:
+        raise ValueError(f"{what}: the prompt without filler already has {best[2]} tokens, more than the requested "
+                         f"length {target}; ask for a length of at least {best[2]}")
+    hi = 64
+    while (probe := measure(hi))[2] <= target:  # grow hi until it overflows
+        best, hi = probe, hi * 2
+    while hi - best[0] > 1:
+        probe = measure((best[0] + hi) // 2)
+        if probe[2] <= target:
+            best = probe
         else:
-            hi = mid
-    return lo, lo_prompt, lo_tokens
+            hi = probe[0]
+    return best
 
 
 def greedy_generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -> str:
@@ -53,8 +51,7 @@ def greedy_generate(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int
 
     ids = torch.as_tensor(tokenizer(prompt).input_ids, dtype=torch.long).reshape(1, -1)
     ids = ids.to(next(model.parameters()).device)
-    model_config = getattr(model, "generation_config", None)
-    eos = getattr(model_config, "eos_token_id", None)
+    eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     eos = tokenizer.eos_token_id if eos is None else eos
     pad = tokenizer.pad_token_id
     if pad is None:

@@ -117,8 +117,7 @@ def plot_accuracy_heatmaps(result: EvaluationResult, task: str, path: str | os.P
 def write_report(result: EvaluationResult, out_dir: str | os.PathLike) -> list[str]:
     """Write ``results.json``, ``report.md`` and the plots into ``out_dir``; returns the written paths."""
     out_dir = os.fspath(out_dir)
-    os.makedirs(out_dir, exist_ok=True)
-    written = [result.save_json(os.path.join(out_dir, "results.json"))]
+    written = [result.save_json(os.path.join(out_dir, "results.json"))]  # write_json creates out_dir
     md = os.path.join(out_dir, "report.md")
     with open(md, "w", encoding="utf-8") as f:
         f.write(markdown_report(result))

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..results_io import dumps, write_json
+from ..results_io import write_json
 
 PERPLEXITY_METHOD = "sliding-window (Press et al. stride)"
 
@@ -109,37 +109,20 @@ class EvaluationResult:
 
     # -- JSON ---------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "perplexity": [dataclasses.asdict(r) for r in self.perplexity],
-            "retrieval": [dataclasses.asdict(t) for t in self.retrieval],
-            "settings": dict(self.settings),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> EvaluationResult:
-        return cls(
-            [PerplexityResult(**r) for r in data.get("perplexity", [])],
-            [RetrievalTrial(**t) for t in data.get("retrieval", [])],
-            dict(data.get("settings", {})),
-        )
-
-    def to_json(self, indent: int | None = 2) -> str:
-        """Strict JSON (an infinite perplexity is written as ``null``)."""
-        return dumps(self.to_dict(), indent)
-
-    @classmethod
-    def from_json(cls, text: str) -> EvaluationResult:
-        data = json.loads(text)
-        for r in data.get("perplexity", []):
-            for key in ("nll", "perplexity"):
-                if r.get(key) is None:
-                    r[key] = math.inf
-        return cls.from_dict(data)
+        return dataclasses.asdict(self)
 
     def save_json(self, path: str | os.PathLike) -> str:
+        """Write strict JSON to ``path`` (an infinite perplexity is written as ``null``); returns the path."""
         return write_json(self.to_dict(), path)
 
     @classmethod
     def load_json(cls, path: str | os.PathLike) -> EvaluationResult:
+        """Read what :meth:`save_json` wrote (``null`` perplexities back to infinity)."""
         with open(path, encoding="utf-8") as f:
-            return cls.from_json(f.read())
+            data = json.load(f)
+        for r in data.get("perplexity", []):
+            for key in ("nll", "perplexity"):
+                if r.get(key) is None:
+                    r[key] = math.inf
+        return cls([PerplexityResult(**r) for r in data.get("perplexity", [])],
+                   [RetrievalTrial(**t) for t in data.get("retrieval", [])], data.get("settings", {}))

@@ -10,7 +10,7 @@ from typing import Any
 from tqdm.auto import tqdm
 
 from .needle import NEEDLE_TASKS, TOKENS_PER_VALUE, build_needle_prompt, score_needle
-from .passkey import MAX_NEW_TOKENS, build_passkey_prompt, random_key, score_passkey
+from .passkey import KEY_RANGE, MAX_NEW_TOKENS, build_passkey_prompt, score_passkey
 from .perplexity import perplexity_at_lengths, tokenize_text
 from .prompting import GenerateFn, greedy_generate
 from .results import EvaluationResult, RetrievalTrial
@@ -35,7 +35,7 @@ def expand_tasks(tasks: Sequence[str]) -> list[str]:
 def _prompt(task: str, tokenizer: Any, length: int, depth: float, rng: random.Random, num_distractors: int,
             num_values: int):
     if task == "passkey":
-        return build_passkey_prompt(tokenizer, length, depth, random_key(rng))
+        return build_passkey_prompt(tokenizer, length, depth, rng.randint(*KEY_RANGE))
     return build_needle_prompt(tokenizer, task.removeprefix("needle_"), length, depth, rng, num_distractors,
                                num_values)
 

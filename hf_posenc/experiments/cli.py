@@ -16,12 +16,11 @@ from .config import SIZES, ContextExtensionConfig, LengthGeneralisationConfig, T
 
 # experiment name (also its module, with run(config, out, work, command, progress=...)) -> config class with preset()
 CONFIGS = {c.name: c for c in (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig)}
-EXPERIMENTS = tuple(CONFIGS)
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the ``experiment`` sub-command's arguments to ``parser``."""
-    parser.add_argument("name", choices=EXPERIMENTS, help="which experiment")
+    parser.add_argument("name", choices=tuple(CONFIGS), help="which experiment")
     parser.add_argument("--size", choices=SIZES, default="small",
                         help="toy: seconds (smoke test); small: the committed results (default)")
     parser.add_argument("--seeds", type=int, default=3, help="seeds per scheme (default 3)")
@@ -39,12 +38,10 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
 def rerun_command(args: argparse.Namespace) -> str:
     """The canonical command line that reproduces this run."""
     parts = ["hf-posenc", "experiment", args.name, "--size", args.size, "--seeds", str(args.seeds)]
-    if args.first_seed:
-        parts += ["--first-seed", str(args.first_seed)]
-    if args.check_against:
-        parts += ["--check-against", args.check_against]
-    if args.out:
-        parts += ["--out", args.out]
+    for flag, value in (("--first-seed", args.first_seed), ("--check-against", args.check_against),
+                        ("--out", args.out)):
+        if value:  # only what differs from the defaults
+            parts += [flag, str(value)]
     return shlex.join(parts)
 
 

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from ..schemes.spec import parse_scheme_spec
 
-Size = Literal["toy", "small"]
 SIZES: tuple[str, ...] = ("toy", "small")
 
 # label -> scheme spec (see hf_posenc.schemes.spec); NoPE is p-RoPE with p = 0 (no rotated frequency at all)
@@ -269,8 +268,7 @@ class TapaTrainabilityConfig:
         return {label: (v.spec, *v.apply(self.base.model, self.base.train)) for label, v in self.variants.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, "base": dataclasses.asdict(self.base),
-                "variants": {k: dataclasses.asdict(v) for k, v in self.variants.items()}}
+        return {"experiment": self.name, **dataclasses.asdict(self)}
 
 
 # label -> scheme spec of the continued training at 4L (factor 4 where a scheme takes one; ABF raises θ 100x)
@@ -331,20 +329,16 @@ class ContextExtensionConfig(ExperimentSettings):
 
     @classmethod
     def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> ContextExtensionConfig:
-        """``toy``: seconds per run (CI smoke test; passkey at 16L = 256 bytes, the shortest prompt that fits);
-        ``small``: the committed experiment (the length-generalisation model and base optimisation, L = 64,
-        continued at 256 bytes)."""
+        """The length-generalisation preset's L, text, model and optimisation (here the base's pretraining),
+        continued at 4L. ``toy``: seconds per run (CI smoke test; passkey at 16L = 256 bytes, the shortest prompt
+        that fits); ``small``: the committed experiment (L = 64, continued at 256 bytes)."""
+        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        shared = dict(size=size, context_length=base.context_length, extension_factor=4, eval_tokens=base.eval_tokens,
+                      train_chars=base.train_chars, model=base.model, pretrain=base.train, seeds=seeds,
+                      first_seed=first_seed)
         if size == "toy":
-            return cls(size="toy", context_length=16, extension_factor=4, eval_multiples=(1, 4, 16),
-                       eval_tokens=1024, train_chars=4096, model=ModelSettings(32, 64, 1, 2, 16),
-                       pretrain=TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1),
+            return cls(**shared, eval_multiples=(1, 4, 16),
                        extend=TrainSettings(steps=2, batch_size=1, learning_rate=1e-3, warmup_steps=1),
-                       seeds=seeds, first_seed=first_seed, passkey_multiples=(16,), passkey_depths=(0.5,),
-                       passkey_trials=1)
-        if size == "small":
-            return cls(size="small", context_length=64, extension_factor=4, eval_multiples=(1, 2, 4, 8, 16),
-                       eval_tokens=16384, train_chars=None, model=ModelSettings(64, 192, 2, 2, 32),
-                       pretrain=TrainSettings(steps=1000, batch_size=16, learning_rate=3e-3, warmup_steps=50),
-                       extend=TrainSettings(steps=250, batch_size=4, learning_rate=1e-3, warmup_steps=25),
-                       seeds=seeds, first_seed=first_seed)
-        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+                       passkey_multiples=(16,), passkey_depths=(0.5,), passkey_trials=1)
+        return cls(**shared, eval_multiples=(1, 2, 4, 8, 16),
+                   extend=TrainSettings(steps=250, batch_size=4, learning_rate=1e-3, warmup_steps=25))

@@ -173,10 +173,9 @@ def passkey_table(passkey: dict[str, dict[str, dict[str, float]]], lengths: list
 def verdict(summary: Summary, passkey: dict[str, Any], config: ContextExtensionConfig) -> list[str]:
     """Per scheme: the loss at the trained length 4L and at 16L, and how much it grows beyond 4L."""
     trained, longest = config.extended_length, config.eval_lengths[-1]
-    lines = []
     base = summary.rows[BASE_LABEL]
-    lines.append(f"{BASE_LABEL}: {base[config.context_length][0]:.3f} at L, {base[trained][0]:.3f} at "
-                 f"{config.extension_factor}L, {base[longest][0]:.3f} at {longest // config.context_length}L.")
+    lines = [f"{BASE_LABEL}: {base[config.context_length][0]:.3f} at L, {base[trained][0]:.3f} at "
+             f"{config.extension_factor}L, {base[longest][0]:.3f} at {longest // config.context_length}L."]
     ranked = sorted((k for k in summary.rows if k != BASE_LABEL), key=lambda k: summary.rows[k][longest][0])
     for label in ranked:
         row = summary.rows[label]

@@ -35,9 +35,8 @@ def prepare(config: ExperimentSettings, corpus: Corpus, work: Path) -> dict[str,
     if len(eval_ids) < config.eval_tokens:
         raise ValueError(f"the held-out text has {len(eval_ids)} bytes, fewer than eval_tokens={config.eval_tokens}")
     eval_file = write_text(data / "heldout.txt", tokenizer.decode(eval_ids))
-    tok_dir = save_byte_tokenizer(data / "tokenizer")
-    return {"train_files": files, "eval_file": eval_file, "tokenizer_dir": tok_dir, "eval_ids": eval_ids,
-            "eos_id": tokenizer.eos_token_id, "floors": ngram_entropies(eval_ids),
+    return {"train_files": files, "eval_file": eval_file, "tokenizer_dir": save_byte_tokenizer(data / "tokenizer"),
+            "eval_ids": eval_ids, "eos_id": tokenizer.eos_token_id, "floors": ngram_entropies(eval_ids),
             "train_bytes": sum(len(t.encode()) for t in train.train.values())}
 
 
@@ -78,10 +77,9 @@ def verdict(summary: Summary, floors: dict[str, float], context_length: int) -> 
     lines = []
     if "RoPE" in summary.rows:
         rope = summary.rows["RoPE"][context_length][0]
-        below = rope < floors["bigram"]
         lines.append(f"RoPE at L = {context_length}: {rope:.3f} nats/byte, "
                      + (f"{floors['bigram'] - rope:.3f} below the bigram floor ({floors['bigram']:.3f}): the models "
-                        "use context." if below else
+                        "use context." if rope < floors["bigram"] else
                         f"NOT below the bigram floor ({floors['bigram']:.3f}): this run does not show context use."))
     longest = summary.lengths[-1]
     for label, row in summary.rows.items():

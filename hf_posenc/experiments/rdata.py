@@ -79,14 +79,10 @@ class _Reader:
         elif version != 2:
             raise RDataError(f"unsupported R serialization format version {version} (2 or 3 are read)")
 
-    def charsxp(self) -> str | None:
-        n = self.int()
-        return None if n == -1 else self.take(n).decode("utf-8", errors="replace")
-
     def item(self) -> Any:
         flags = self.int()
         kind, has_attr, has_tag = flags & 0xFF, bool(flags & (1 << 9)), bool(flags & (1 << 10))
-        if kind == NILVALUE_SXP:
+        if kind in (NILVALUE_SXP, NILSXP):
             return None
         if kind == REFSXP:
             index = flags >> 8 or self.int()
@@ -108,23 +104,16 @@ class _Reader:
                 raise RDataError(f"pairlist ends with type {kind}, expected NULL")
             return out
         if kind == CHARSXP:
-            return self.charsxp()
-        if kind == STRSXP:
-            n = self.length()
-            values = []
-            for _ in range(n):
-                self.int()  # the CHARSXP's flags
-                values.append(self.charsxp())
+            n = self.int()
+            return None if n == -1 else self.take(n).decode("utf-8", errors="replace")  # -1: NA_character_
+        if kind in (STRSXP, VECSXP):  # a character vector's elements are CHARSXP items
+            values = [self.item() for _ in range(self.length())]
         elif kind in (INTSXP, LGLSXP):
             n = self.length()
             values = [None if v == NA_INTEGER else v for v in struct.unpack(f">{n}i", self.take(4 * n))]
         elif kind == REALSXP:
             n = self.length()
             values = list(struct.unpack(f">{n}d", self.take(8 * n)))
-        elif kind == VECSXP:
-            values = [self.item() for _ in range(self.length())]
-        elif kind == NILSXP:
-            return None
         else:
             raise RDataError(f"R object type {kind} is not supported by this reader (only NULL, symbols, pairlists, "
                              "character, logical, integer, double and list vectors)")

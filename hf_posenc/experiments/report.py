@@ -24,44 +24,39 @@ def fmt(mean: float, sd: float, digits: int = 3) -> str:
     return f"{mean:.{digits}f} ± {sd:.{digits}f}"
 
 
-def markdown_table(summary: Summary, length_names: Sequence[str], floors: dict[str, float] | None = None) -> str:
-    """Rows: schemes; columns: evaluation lengths (held-out nats/byte, mean ± sd), train loss, time per run.
-    The best mean in each column is bold."""
+def markdown_table(summary: Summary, length_names: Sequence[str], floors: dict[str, float]) -> str:
+    """Rows: schemes, then the floors; columns: evaluation lengths (held-out nats/byte, mean ± sd), train loss,
+    time per run. The best mean in each column is bold."""
     head = ["scheme", *length_names, "final train loss", "s / run"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     best = {n: min(row[n][0] for row in summary.rows.values()) for n in summary.lengths}
     for label, row in summary.rows.items():
-        cells = []
-        for n in summary.lengths:
-            text = fmt(*row[n])
-            cells.append(f"**{text}**" if row[n][0] == best[n] else text)
+        cells = [f"**{fmt(*row[n])}**" if row[n][0] == best[n] else fmt(*row[n]) for n in summary.lengths]
         train = fmt(*summary.train_loss[label]) if label in summary.train_loss else "n/a"
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {train} | {summary.seconds[label]:.0f} |")
-    if floors:
-        for name, value in floors.items():
-            lines.append(f"| *{name} floor* | " + " | ".join(f"{value:.3f}" for _ in summary.lengths) + " | | |")
+    for name, value in floors.items():
+        lines.append(f"| *{name} floor* | " + " | ".join(f"{value:.3f}" for _ in summary.lengths) + " | | |")
     return "\n".join(lines)
 
 
-def plot_summary(summary: Summary, path: str | Path, title: str, floors: dict[str, float] | None = None,
-                 trained_length: int | None = None, ylabel: str = "held-out loss (nats / byte)") -> None:
-    """Held-out loss against evaluation length, one line per scheme with ±sd error bars, floors dashed."""
+def plot_summary(summary: Summary, path: str | Path, title: str, floors: dict[str, float], trained_length: int) -> None:
+    """Held-out loss against evaluation length, one line per scheme with ±sd error bars, floors dashed, the trained
+    length dotted."""
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for label, row in summary.rows.items():
         xs = [n for n in summary.lengths if math.isfinite(row[n][0])]
         ax.errorbar(xs, [row[n][0] for n in xs], yerr=[0.0 if math.isnan(row[n][1]) else row[n][1] for n in xs],
                     marker="o", capsize=3, label=label)
-    for name, value in (floors or {}).items():
+    for name, value in floors.items():
         ax.axhline(value, linestyle="--", color="grey", linewidth=1)
         ax.annotate(f"{name} floor", (summary.lengths[0], value), textcoords="offset points", xytext=(2, 3),
                     fontsize=8, color="grey")
-    if trained_length is not None:
-        ax.axvline(trained_length, linestyle=":", color="black", linewidth=1)
+    ax.axvline(trained_length, linestyle=":", color="black", linewidth=1)
     ax.set_xscale("log", base=2)
     ax.set_xticks(summary.lengths, [str(n) for n in summary.lengths])
     ax.set_xlabel("evaluation context length (bytes)")
-    ax.set_ylabel(ylabel)
+    ax.set_ylabel("held-out loss (nats / byte)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, ncol=2)
     ax.grid(alpha=0.3)

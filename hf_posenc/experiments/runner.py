@@ -104,7 +104,7 @@ def train_and_evaluate(recipe: Any, log_path: Path) -> dict[str, Any]:
     if not result.evaluation:
         raise RuntimeError(f"the run in {recipe.output.dir} produced no evaluation (see {log_path})")
     return {
-        "perplexity": {int(p["context_length"]): {"nll": p["nll"], "ppl": p["perplexity"],
+        "perplexity": {str(p["context_length"]): {"nll": p["nll"], "ppl": p["perplexity"],
                                                   "num_scored": p["num_scored"]}
                        for p in result.evaluation["perplexity"]},
         "losses": result.losses,
@@ -204,11 +204,9 @@ class Summary:
     @classmethod
     def from_results(cls, results: Sequence[dict[str, Any]], lengths: Sequence[int]) -> Summary:
         out = cls(lengths=list(lengths))
-        labels = list(dict.fromkeys(r["label"] for r in results))
-        for label in labels:
+        for label in dict.fromkeys(r["label"] for r in results):
             mine = [r for r in results if r["label"] == label]
-            out.rows[label] = {n: mean_sd([r["perplexity"][str(n)]["nll"] if str(n) in r["perplexity"]
-                                           else r["perplexity"][n]["nll"] for r in mine]) for n in lengths}
+            out.rows[label] = {n: mean_sd([r["perplexity"][str(n)]["nll"] for r in mine]) for n in lengths}
             losses = [r["final_train_loss"] for r in mine if r.get("final_train_loss") is not None]
             if losses:
                 out.train_loss[label] = mean_sd(losses)

@@ -185,10 +185,6 @@ class PeftSection:
             raise RecipeError("peft.target_modules is empty; name the linear layers to adapt (e.g. q_proj).")
 
 
-def _default_report_to() -> str | list[str]:
-    return ["tensorboard"] if importlib.util.find_spec("tensorboard") else "none"
-
-
 @dataclass
 class TrainingSection(TrainingArguments):
     """``transformers.TrainingArguments`` with this project's defaults: 100 steps at 2e-5, cosine, ``adamw_torch``,
@@ -213,7 +209,8 @@ class TrainingSection(TrainingArguments):
     save_total_limit: int | None = 2
     logging_steps: float = 1
     remove_unused_columns: bool = False
-    report_to: None | str | list[str] = field(default_factory=_default_report_to)
+    report_to: None | str | list[str] = field(
+        default_factory=lambda: ["tensorboard"] if importlib.util.find_spec("tensorboard") else "none")
 
     def __post_init__(self) -> None:
         for name in ("max_steps", "per_device_train_batch_size", "gradient_accumulation_steps"):

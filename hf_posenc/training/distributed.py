@@ -132,8 +132,7 @@ def context_parallel_refusal(scheme_name: str) -> str | None:
 def requested_context_parallel_size(args: Any = None) -> int:
     """The context-parallel size a launch asks for: ``TrainingArguments.parallelism_config`` or accelerate's
     ``PARALLELISM_CONFIG_CP_SIZE``."""
-    config = getattr(args, "parallelism_config", None)
-    size = getattr(config, "cp_size", None) if config is not None else None
+    size = getattr(getattr(args, "parallelism_config", None), "cp_size", None)
     return int(size if size is not None else os.environ.get("PARALLELISM_CONFIG_CP_SIZE", "1"))
 
 

@@ -18,12 +18,12 @@ ENGINES = ("DDP", "FSDP2", "ZeRO-3", "context parallel")
 ENGINE_SCHEMES = ("cope", "prope", "tapa", "tape")
 
 
-def load_engine_table(path: str | Path | None = None) -> dict[str, Any]:
+def load_engine_table() -> dict[str, Any]:
     """The committed table: ``{"versions", "cells": {engine: {scheme: {"status", "test", "reason"?}}}, "resume"}``."""
-    target = Path(path) if path is not None else ENGINE_TABLE_PATH
-    if not target.is_file():
-        raise FileNotFoundError(f"{target} is missing; regenerate it with `python scripts/engines_table.py`.")
-    return json.loads(target.read_text())
+    if not ENGINE_TABLE_PATH.is_file():
+        raise FileNotFoundError(f"{ENGINE_TABLE_PATH} is missing; regenerate it with "
+                                "`python scripts/engines_table.py`.")
+    return json.loads(ENGINE_TABLE_PATH.read_text())
 
 
 def format_engine_table(table: dict[str, Any]) -> str:
@@ -40,8 +40,7 @@ def format_engine_table(table: dict[str, Any]) -> str:
                 cell += f" ({n})"
             cells.append(cell)
         lines.append(f"| {scheme} | " + " | ".join(cells) + " |")
-    lines.append("")
-    lines.extend(f"({n}) {reason}." for reason, n in reasons.items())
+    lines += ["", *(f"({n}) {reason}." for reason, n in reasons.items())]
     resume = ", ".join(f"{engine} (`{test}`)" for engine, test in table["resume"].items())
     versions = ", ".join(f"{k} {v}" for k, v in table["versions"].items())
     lines += ["", f"Resume after a kill verified: {resume}. Versions: {versions}."]

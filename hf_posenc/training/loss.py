@@ -9,7 +9,7 @@ Peak extra memory is one chunk of logits; backward only rescales the stored grad
 
 The family's logit transform is applied per chunk: a scale s (Cohere's ``logit_scale``, Granite's
 ``logits_scaling``), then Gemma2/3's final soft-capping c·tanh(s·z/c), with its derivative s·(1 − tanh²)
-(:func:`hf_posenc.layers.output_logit_transform` reads both from the config).
+(read from the config by :func:`hf_posenc.layers.output_logit_transform`, applied by ``transform_logits``).
 :func:`full_linear_cross_entropy` is the readable reference (one matmul, ``F.cross_entropy``); tests compare both.
 """
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from ..layers import transform_logits
 
 IGNORE_INDEX = -100
 
@@ -26,9 +28,8 @@ def full_linear_cross_entropy(hidden: torch.Tensor, weight: torch.Tensor, labels
                               scale: float = 1.0) -> torch.Tensor:
     """Reference: summed cross-entropy of ``hidden`` [N, H] through ``weight`` [V, H] against ``labels`` [N]
     (``-100`` ignored), computed from the full fp32 logits (times ``scale``, then soft-capped)."""
-    logits = F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32)) * scale
-    if softcap is not None:
-        logits = softcap * torch.tanh(logits / softcap)
+    logits = transform_logits(F.linear(hidden, weight, bias).to(torch.promote_types(hidden.dtype, torch.float32)),
+                              scale, softcap)
     return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
 
 
@@ -45,12 +46,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
         for start in range(0, hidden.shape[0], chunk_size):
             h = hidden[start : start + chunk_size]
             y = labels[start : start + chunk_size]
-            logits = F.linear(h, weight, bias).to(acc)
-            if scale != 1.0:
-                logits = logits * scale
-            if softcap is not None:
-                capped = torch.tanh(logits / softcap)
-                logits = softcap * capped
+            logits = transform_logits(F.linear(h, weight, bias).to(acc), scale, softcap)
             valid = y != IGNORE_INDEX
             target = y.clamp(min=0)
             lse = torch.logsumexp(logits, dim=-1)
@@ -62,7 +58,7 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
             g.scatter_add_(1, target[:, None], -torch.ones_like(picked)[:, None])
             g.mul_(valid[:, None])
             if softcap is not None:
-                g.mul_(1 - capped * capped)
+                g.mul_(1 - (logits / softcap) ** 2)  # tanh' of the capped logits softcap·tanh(·)
             if scale != 1.0:
                 g.mul_(scale)
             if need_b:
@@ -72,20 +68,18 @@ class _ChunkedLinearCrossEntropy(torch.autograd.Function):
                 grad_h[start : start + chunk_size] = g @ weight
             if need_w:
                 grad_w.addmm_(g.t().to(acc), h.to(acc))
-        ctx.save_for_backward(*(t if t is not None else torch.empty(0) for t in (grad_h, grad_w, grad_b)))
-        ctx.needs = (need_h, need_w, need_b)
+        ctx.save_for_backward(grad_h, grad_w, grad_b)  # None where that input needs no gradient
         ctx.dtypes = (weight.dtype, None if bias is None else bias.dtype)
         return total
 
     @staticmethod
     def backward(ctx, grad_out):  # type: ignore[override]
         grad_h, grad_w, grad_b = ctx.saved_tensors
-        need_h, need_w, need_b = ctx.needs
         w_dtype, b_dtype = ctx.dtypes
         return (
-            grad_h * grad_out.to(grad_h.dtype) if need_h else None,
-            (grad_w * grad_out).to(w_dtype) if need_w else None,
-            (grad_b * grad_out).to(b_dtype) if need_b else None,
+            None if grad_h is None else grad_h * grad_out.to(grad_h.dtype),
+            None if grad_w is None else (grad_w * grad_out).to(w_dtype),
+            None if grad_b is None else (grad_b * grad_out).to(b_dtype),
             None, None, None, None,
         )
 

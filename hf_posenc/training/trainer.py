@@ -47,9 +47,7 @@ def load_tokenizer(recipe: Recipe):
     from ..models import load_tokenizer as _load
 
     m = recipe.model
-    source = m.tokenizer or m.path
-    path, gguf = resolve_source(source, m.tokenizer_gguf_file if m.tokenizer else m.gguf_file)
-    return _load(path, gguf)
+    return _load(*resolve_source(m.tokenizer or m.path, m.tokenizer_gguf_file if m.tokenizer else m.gguf_file))
 
 
 def load_model_config(recipe: Recipe):
@@ -76,8 +74,7 @@ def load_base_model(recipe: Recipe):
     if m.config is not None:
         torch.manual_seed(recipe.training.seed)
         return AutoModelForCausalLM.from_config(load_model_config(recipe), **kw)
-    path, gguf = resolve_source(m.path, m.gguf_file)
-    return load_model(path, gguf, **kw)
+    return load_model(*resolve_source(m.path, m.gguf_file), **kw)
 
 
 # -- checks that need only the config -----------------------------------------------------------------------------
@@ -109,16 +106,14 @@ def context_length_notes(recipe: Recipe, config: Any) -> list[str]:
     if getattr(freq, "rope_theta", None) is not None and not getattr(freq, "scaling", None):
         return [f"context_length={length} > max_position_embeddings={mpe}: the base θ is raised to "
                 f"{freq.rope_theta:g} (ABF), so training at {length} is the ABF recipe; fine."]
-    factor = math.ceil(length / mpe)
-    note = (
+    return [
         f"context_length={length} is beyond what scheme {scheme.name!r} reaches without training ({reach} "
         f"positions: max_position_embeddings={mpe}"
         + (f", scaling {freq.scaling} ×{freq.factor:g}" if getattr(freq, "scaling", None) else ", no scaling")
         + f"). The model has never seen rotation angles past position {reach}, so training must teach them from "
-        f"scratch, which PI/YaRN/ABF avoid: consider scheme.scaling=yarn scheme.factor={factor} (or linear), or "
-        f"scheme.rope_theta (ABF, as the CoPE recipe does)."
-    )
-    return [note]
+        f"scratch, which PI/YaRN/ABF avoid: consider scheme.scaling=yarn scheme.factor={math.ceil(length / mpe)} "
+        "(or linear), or scheme.rope_theta (ABF, as the CoPE recipe does)."
+    ]
 
 
 # -- PEFT -------------------------------------------------------------------------------------------------------
@@ -268,39 +263,26 @@ def save_output(model: Any, directory: Path, tokenizer: Any = None, state_dict: 
     from ..adapters import save_adapter
     from ..io_atomic import atomic_dir
 
-    kwargs = {} if state_dict is None else {"state_dict": state_dict}
     with atomic_dir(directory, overwrite=True) as tmp:  # the run owns its output.dir (a resumed run saves again)
         if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
-            save_adapter(model, tmp, **kwargs)
+            save_adapter(model, tmp, state_dict=state_dict)
             check_adapter_complete(model, tmp)
         else:
-            model.save_pretrained(tmp, **kwargs)
+            model.save_pretrained(tmp, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
-
-
-def _checkpoint_step(path: str) -> int:
-    state = json.loads((Path(path) / "trainer_state.json").read_text())
-    return int(state["global_step"])
 
 
 def last_complete_checkpoint(output_dir: str | os.PathLike) -> str | None:
     """The newest ``checkpoint-N`` with a ``trainer_state.json`` (the Trainer writes it last, so a run killed
     while saving leaves an incomplete directory that is skipped). Not ``transformers.trainer_utils.
     get_last_checkpoint``, which returns the newest directory even when its save was interrupted."""
-    out = Path(output_dir)
-    if not out.is_dir():
-        return None
     found = []
-    for path in out.glob("checkpoint-*"):
+    for path in Path(output_dir).glob("checkpoint-*"):  # none when output_dir does not exist
         suffix = path.name.removeprefix("checkpoint-")
         if suffix.isdigit() and (path / "trainer_state.json").is_file():
             found.append((int(suffix), str(path)))
     return max(found)[1] if found else None
-
-
-def _is_main() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def check_launch(trainer: Trainer) -> None:
@@ -369,10 +351,11 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
 
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / LOG_FILE
-    if _is_main():
+    if int(os.environ.get("RANK", "0")) == 0:  # the main process writes the recipe and the log
         (out / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
         if resume:
-            truncate_log(log_path, _checkpoint_step(last))
+            state = json.loads((Path(last) / "trainer_state.json").read_text())
+            truncate_log(log_path, int(state["global_step"]))
         elif log_path.exists():
             log_path.unlink()
 
