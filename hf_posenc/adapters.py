@@ -125,9 +125,8 @@ def write_adapter_record(directory: str | os.PathLike, base: Any) -> Path:
 def read_adapter_record(model_id: str | os.PathLike, **hub: Any) -> AdapterRecord | None:
     """The adapter record of a local adapter folder or a Hub repo, or ``None`` when it has none (an adapter not
     saved by hf-posenc). ``hub``: ``subfolder``, ``revision``, ``token``, ``cache_dir``, ``local_files_only``."""
-    local = Path(model_id) / (hub.get("subfolder") or "")
     if Path(model_id).is_dir():
-        path = local / ADAPTER_RECORD
+        path = Path(model_id) / (hub.get("subfolder") or "") / ADAPTER_RECORD
         if not path.is_file():
             return None
     else:

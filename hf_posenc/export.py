@@ -18,7 +18,6 @@ as ``longrope``; what vLLM still computes differently (dynamic NTK) is a warning
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
@@ -44,8 +43,7 @@ def frequency_factors(inv_freq: torch.Tensor, theta: float, head_dim: int) -> to
     (LongRoPE's and llama.cpp's ``rope_freqs`` form); float64, ``STOCK_INF_FACTOR`` where θ'_i = 0."""
     default = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
     inv = inv_freq.double()
-    factors = torch.where(inv > 0, default / inv.clamp_min(1e-300), torch.full_like(inv, float("inf")))
-    return factors.clamp(max=STOCK_INF_FACTOR)
+    return (default / inv.clamp_min(1e-300)).clamp(max=STOCK_INF_FACTOR)  # θ'_i = 0 lands on the clamp too
 
 
 def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
@@ -140,7 +138,4 @@ def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None, ove
     state_dict = fold_attention_factors(model, stock)  # None when there is nothing to fold (see the docstring)
     with atomic_dir(path, overwrite=overwrite) as tmp:
         save_stock(model, stock, tmp, tokenizer, state_dict)
-        with open(os.path.join(tmp, "config.json")) as f:
-            if RECORD_KEY in json.load(f):
-                raise RuntimeError("internal error: the stock config still carries the hf-posenc record.")
     return Path(path)

@@ -27,10 +27,6 @@ def _resolved(path: str | os.PathLike) -> Path:
     return Path(os.path.abspath(os.path.expanduser(path))).resolve()
 
 
-def _is_within(path: Path, parent: Path) -> bool:
-    return path == parent or parent in path.parents
-
-
 def check_output_dir(
     output: str | os.PathLike, inputs: Sequence[str | os.PathLike] = (), overwrite: bool = False
 ) -> Path:
@@ -44,9 +40,9 @@ def check_output_dir(
         source_path = _resolved(source)
         if target == source_path:
             raise ValueError(f"the output {output} is the input {source}; write to another directory.")
-        if _is_within(target, source_path):
+        if target.is_relative_to(source_path):
             raise ValueError(f"the output {output} lies inside the input {source}; write to a directory outside it.")
-        if _is_within(source_path, target):
+        if source_path.is_relative_to(target):
             raise ValueError(f"the output {output} contains the input {source} (replacing it would delete the "
                              "input); write to another directory.")
     if target.exists() and not target.is_dir():

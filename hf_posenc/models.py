@@ -70,16 +70,16 @@ def _could_be_hub_id(path: str) -> bool:
     return True
 
 
-def check_source(path: str | os.PathLike, gguf_file: str | None = None) -> None:
-    """Raise ``FileNotFoundError`` for a source that is neither a local directory/file nor shaped like a Hub id
-    (before Transformers tries the network for it)."""
-    path = str(path)
+def check_source(path: str | os.PathLike, gguf_file: str | None = None) -> tuple[str, str | None]:
+    """:func:`split_gguf` of a source; raises ``FileNotFoundError`` for one that is neither a local directory/file
+    nor shaped like a Hub id (before Transformers tries the network for it)."""
+    path, gguf_file = split_gguf(path, gguf_file)
     if os.path.exists(path):
         if gguf_file is not None and not os.path.isfile(os.path.join(path, gguf_file)):
             raise FileNotFoundError(f"{os.path.join(path, gguf_file)}: no such file.")
-        return
-    if not _could_be_hub_id(path):
+    elif not _could_be_hub_id(path):
         raise _missing_source(path)
+    return path, gguf_file
 
 
 @contextlib.contextmanager
@@ -103,8 +103,7 @@ def load_config(path: str | os.PathLike, gguf_file: str | None = None, **kwargs:
     """``AutoConfig.from_pretrained`` of a directory, Hub id or GGUF file, with a plain error for a missing one."""
     from transformers import AutoConfig
 
-    path, gguf_file = split_gguf(path, gguf_file)
-    check_source(path, gguf_file)
+    path, gguf_file = check_source(path, gguf_file)
     with _explaining_missing_source(path):
         return AutoConfig.from_pretrained(path, **({"gguf_file": gguf_file} if gguf_file else {}), **kwargs)
 
@@ -113,8 +112,7 @@ def load_model(path: str | os.PathLike, gguf_file: str | None = None, **kwargs: 
     """``AutoModelForCausalLM.from_pretrained``; a GGUF file is loaded dequantized (so it can be saved/trained)."""
     from transformers import AutoModelForCausalLM, GgufConfig
 
-    path, gguf_file = split_gguf(path, gguf_file)
-    check_source(path, gguf_file)
+    path, gguf_file = check_source(path, gguf_file)
     if gguf_file is not None:
         kwargs.setdefault("quantization_config", GgufConfig(dequantize=True))
         kwargs["gguf_file"] = gguf_file
@@ -136,8 +134,7 @@ def load_tokenizer(path: str | os.PathLike, gguf_file: str | None = None):
     files is a clear error (see :func:`has_tokenizer`)."""
     from transformers import AutoTokenizer
 
-    path, gguf_file = split_gguf(path, gguf_file)
-    check_source(path, gguf_file)
+    path, gguf_file = check_source(path, gguf_file)
     if not has_tokenizer(path, gguf_file):
         raise FileNotFoundError(f"{path}: no tokenizer found (none of {', '.join(TOKENIZER_FILES[:3])}, ...); the "
                                 "checkpoint was saved without one. Pass a tokenizer from elsewhere.")

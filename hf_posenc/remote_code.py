@@ -53,33 +53,25 @@ def _relative_imports(module: str) -> list[_Import]:
     path, is_package = _path(module)
     tree = ast.parse(path.read_text(), filename=str(path))
     package = module.split(".") if is_package else module.split(".")[:-1]
+    in_try = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for s in t.body for n in ast.walk(s)}
     found: list[_Import] = []
-
-    def visit(node: ast.AST, optional: bool) -> None:
+    for node in ast.walk(tree):
         if isinstance(node, ast.Import) and any(a.name.split(".")[0] == PACKAGE for a in node.names):
             raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports {PACKAGE} absolutely; use a relative "
                                "import.")
-        if isinstance(node, ast.ImportFrom):
-            if node.level == 0:
-                if (node.module or "").split(".")[0] == PACKAGE:
-                    raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports {node.module} absolutely; "
-                                       "use a relative import.")
-                return
-            base = package[: len(package) - (node.level - 1)]
-            target = ".".join(base + ([node.module] if node.module else []))
-            if node.module is None and any(_path(f"{target}.{a.name}".lstrip("."))[0].exists() for a in node.names):
-                raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports a submodule with `from . import`;"
-                                   " write `from .<submodule> import <names>`.")
-            found.append(_Import(node, target, optional))
-            return
-        inside_try = isinstance(node, ast.Try)
-        for name, value in ast.iter_fields(node):
-            children = value if isinstance(value, list) else [value]
-            for child in children:
-                if isinstance(child, ast.AST):
-                    visit(child, optional or (inside_try and name == "body"))
-
-    visit(tree, False)
+        if not isinstance(node, ast.ImportFrom):
+            continue
+        if node.level == 0:
+            if (node.module or "").split(".")[0] == PACKAGE:
+                raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports {node.module} absolutely; "
+                                   "use a relative import.")
+            continue
+        base = package[: len(package) - (node.level - 1)]
+        target = ".".join(base + ([node.module] if node.module else []))
+        if node.module is None and any(_path(f"{target}.{a.name}".lstrip("."))[0].exists() for a in node.names):
+            raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports a submodule with `from . import`;"
+                               " write `from .<submodule> import <names>`.")
+        found.append(_Import(node, target, id(node) in in_try))
     return found
 
 

@@ -7,22 +7,22 @@ import dataclasses
 import json
 import math
 import os
-from typing import Any
+from typing import Any, Callable
 
 
-def strict_json(value: Any) -> Any:
-    """``value`` with tensors turned into lists, dataclasses into dicts and non-finite floats into ``None``,
-    recursively: what ``json.dumps(..., allow_nan=False)`` accepts."""
+def strict_json(value: Any, nonfinite: Callable[[float], Any] = lambda x: None) -> Any:
+    """``value`` with tensors turned into lists, dataclasses into dicts and non-finite floats into
+    ``nonfinite(x)`` (default ``None``), recursively: what ``json.dumps(..., allow_nan=False)`` accepts."""
     if hasattr(value, "tolist") and callable(value.tolist) and not isinstance(value, (list, tuple)):
-        return strict_json(value.tolist())  # torch tensors, numpy arrays and scalars
+        return strict_json(value.tolist(), nonfinite)  # torch tensors, numpy arrays and scalars
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: strict_json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return {f.name: strict_json(getattr(value, f.name), nonfinite) for f in dataclasses.fields(value)}
     if isinstance(value, dict):
-        return {str(k): strict_json(v) for k, v in value.items()}
+        return {str(k): strict_json(v, nonfinite) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [strict_json(v) for v in value]
+        return [strict_json(v, nonfinite) for v in value]
     if isinstance(value, float) and not math.isfinite(value):
-        return None
+        return nonfinite(value)
     return value
 
 

@@ -94,12 +94,11 @@ def layer_frequencies(model: nn.Module, layer: int) -> tuple[torch.Tensor, float
     """
     rotary = _rotary_module(model)
     types = getattr(model.config, "layer_types", None)
-    kind = None if types is None else types[layer]
-    inv_freq = getattr(rotary, f"{kind}_inv_freq", None) if kind is not None else None
-    scaling = getattr(rotary, f"{kind}_attention_scaling", None) if kind is not None else None
-    if inv_freq is None:
-        inv_freq = getattr(rotary, "inv_freq", None)
-        scaling = getattr(rotary, "attention_scaling", 1.0)
+    prefix = "" if types is None else f"{types[layer]}_"  # Gemma3's buffers per layer type
+    if getattr(rotary, f"{prefix}inv_freq", None) is None:
+        prefix = ""  # one set for every layer
+    inv_freq = getattr(rotary, f"{prefix}inv_freq", None)
+    scaling = getattr(rotary, f"{prefix}attention_scaling", None)
     if inv_freq is None:
         raise ValueError(f"the rotary module {type(rotary).__name__} has no `inv_freq` buffer.")
     head_dim = geometry(model).head_dim
@@ -186,8 +185,7 @@ def forward(model: nn.Module, input_ids: torch.Tensor, position_ids: torch.Tenso
 
 def check_ids(input_ids: torch.Tensor, min_length: int, what: str) -> torch.Tensor:
     """Token ids as a ``[1, S]`` long tensor; raises if the text is shorter than ``min_length`` tokens."""
-    if not isinstance(input_ids, torch.Tensor):
-        input_ids = torch.as_tensor(input_ids)
+    input_ids = torch.as_tensor(input_ids)
     if input_ids.dim() == 1:
         input_ids = input_ids[None]
     if input_ids.dim() != 2 or input_ids.shape[0] != 1:

@@ -67,8 +67,7 @@ def three_axis_fit(w: torch.Tensor, ridge: float = RIDGE) -> tuple[torch.Tensor,
         raise ValueError(f"the logit matrix must be square, got {tuple(w.shape)}.")
     w = w.double()
     idx = torch.arange(n)
-    ii, jj = torch.meshgrid(idx, idx, indexing="ij")
-    causal = (jj <= ii).double()
+    causal = (idx[None, :] <= idx[:, None]).double()  # [i, j]: j <= i
     dist = idx[:, None] - idx[None, :]
     # Counts and cross-counts of the three one-hot groups over the triangle.
     a_ab = (idx[None, :] >= idx[:, None]).double()  # [d, i]: distance d occurs in row i iff d <= i

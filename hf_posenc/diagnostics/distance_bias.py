@@ -44,9 +44,9 @@ def scaled_ranges(context: int, short: tuple[int, int] = PAPER_SHORT, long: tupl
 
 
 def sample_pairs(
-    length: int, short: tuple[int, int], long: tuple[int, int], samples: int, generator: torch.Generator,
+    length: int, short: tuple[int, int], long: tuple[int, int], samples: int, seed: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Query positions ``i ∈ [long[1], length)``, short distances λ and long distances Λ (uniform integers)."""
+    """Query positions ``i ∈ [long[1], length)``, short distances λ and long distances Λ (uniform, from ``seed``)."""
     check_ranges(short, long)
     if length <= long[1]:
         raise ValueError(
@@ -55,6 +55,7 @@ def sample_pairs(
         )
     if samples < 2:
         raise ValueError(f"samples must be >= 2, got {samples}.")
+    generator = torch.Generator().manual_seed(seed)
     i = torch.randint(long[1], length, (samples,), generator=generator)
     lam = torch.randint(short[0], short[1] + 1, (samples,), generator=generator)
     big = torch.randint(long[0], long[1] + 1, (samples,), generator=generator)
@@ -66,8 +67,7 @@ def bias_from_logit_fn(
     long: tuple[int, int], samples: int, seed: int = 0,
 ) -> torch.Tensor:
     """Δ samples for any ``logit(i, j)`` (vectorised over index tensors; returns ``[..., samples]``)."""
-    g = torch.Generator().manual_seed(seed)
-    i, lam, big = sample_pairs(length, short, long, samples, g)
+    i, lam, big = sample_pairs(length, short, long, samples, seed)
     return logit(i, i - lam) - logit(i, i - big)
 
 
@@ -125,8 +125,7 @@ def distance_bias(
     elif short is None or long is None:
         raise ValueError("pass both short and long distance ranges, or neither (paper ranges scaled to the text).")
     short, long = tuple(short), tuple(long)
-    g = torch.Generator().manual_seed(seed)
-    i, lam, big = sample_pairs(length, short, long, samples, g)
+    i, lam, big = sample_pairs(length, short, long, samples, seed)
     captured = capture_window(model, input_ids, layers, heads, kinds=("q", "k"))
     deltas = []
     for layer in layers:

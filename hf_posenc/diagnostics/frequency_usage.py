@@ -109,15 +109,14 @@ def plot_frequency_usage(
                              layout="constrained")
     for row, (name, res) in enumerate(named.items()):
         for col, (kind, label) in enumerate((("q", "queries"), ("k", "keys"), ("v", "values (control)"))):
-            table = torch.tensor(res._norms(kind))
             if per_head_layer is None:
-                data, ylabel = table.mean(dim=1), "layer"
+                data, ylabel = res.layer_means(kind), "layer"
                 ticks = res.layers
             else:
                 if per_head_layer not in res.layers:
                     raise ValueError(f"layer {per_head_layer} was not analysed; analysed layers: {res.layers}.")
-                data, ylabel = table[res.layers.index(per_head_layer)], f"head (layer {per_head_layer})"
-                ticks = res.heads
+                data = torch.tensor(res._norms(kind))[res.layers.index(per_head_layer)]
+                ylabel, ticks = f"head (layer {per_head_layer})", res.heads
             ax = axes[row, col]
             im = ax.imshow(data.numpy(), aspect="auto", cmap="viridis", interpolation="nearest")
             ax.set_title(f"{name}: {label}", fontsize=9)

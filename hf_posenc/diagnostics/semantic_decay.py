@@ -32,8 +32,7 @@ def closed_form_gap(inv_freq: torch.Tensor, distances: torch.Tensor, sigma: floa
 
 def _random_pairs(n_dim: int, samples: int, sigma: float, noise: float, seed: int):
     g = torch.Generator().manual_seed(seed)
-    q = sigma * torch.randn(samples, n_dim, generator=g, dtype=torch.float64)
-    k = sigma * torch.randn(samples, n_dim, generator=g, dtype=torch.float64)
+    q, k = (sigma * torch.randn(samples, n_dim, generator=g, dtype=torch.float64) for _ in range(2))
     similar = q + noise * torch.randn(samples, n_dim, generator=g, dtype=torch.float64)
     return q, k, similar
 

@@ -124,10 +124,8 @@ def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], kernels: tuple[str
     non-default α/θ, key padding, packed segments, sliding window, linear phase (eq. 16), chunked prefill
     (Lq < Lk) with backward, and decode (Lq = 1, and Lq = 4 with padding and a window), and the Triton kernel's
     deterministic two-kernel backward at every head dim; for TAPE causal GQA
-    at every head dim, De ≠ D with a custom scale, non-causal, key padding, chunked prefill, decode."""
-    for dt in dtypes:
-        if dt not in DTYPES:
-            raise ValueError(f"unknown dtype {dt!r}; pick from {sorted(DTYPES)}")
+    at every head dim, De ≠ D with a custom scale, non-causal, key padding, chunked prefill, decode.
+    ``dtypes`` are keys of DTYPES (checked by ``run_selftest``)."""
     s = shapes
     d0 = s.head_dims[0]
     cases: list[CheckCase] = []

@@ -81,7 +81,6 @@ def versions() -> dict[str, str | None]:
     """Versions of the pieces the kernels depend on (None where absent)."""
     from .. import __version__
 
-    cuda = torch.version.cuda
     capability = None
     if torch.cuda.is_available():
         major, minor = torch.cuda.get_device_capability()
@@ -92,7 +91,7 @@ def versions() -> dict[str, str | None]:
         "triton": _version("triton"),
         "transformers": _version("transformers"),
         "hf_posenc": __version__,
-        "cuda": cuda,
+        "cuda": torch.version.cuda,
         "compute_capability": capability,
         "platform": f"{platform.system()} {platform.machine()}",
         "executable": sys.executable,

@@ -7,6 +7,7 @@ import math
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
+from ..results_io import strict_json
 from .checks import CheckResult
 
 SCHEMA = "hf-posenc-selftest/1"
@@ -60,7 +61,7 @@ class SelftestReport:
     def to_dict(self) -> dict:
         """JSON-ready: non-finite numbers (a kernel that returned inf/NaN) become the strings "inf"/"nan"."""
         d = asdict(self)
-        return _json_safe({"schema": SCHEMA, "passed": self.passed, "failures": self.failures, **d})
+        return strict_json({"schema": SCHEMA, "passed": self.passed, "failures": self.failures, **d}, nonfinite=str)
 
     @classmethod
     def from_dict(cls, d: dict) -> SelftestReport:
@@ -112,13 +113,13 @@ class SelftestReport:
         lines.append(f"{'kernel':<6} {'mode':<8} {'L':>6} {'B':>4}  {'candidate':<18} {'ms':>10} {'TFLOP/s':>8} "
                      f"{'tok/s':>10} {'peak MiB':>9} {'x RoPE':>7}")
         for r in self.timing:
+            row = f"{r.kernel:<6} {r.mode:<8} {r.length:>6} {r.batch:>4}  {r.candidate:<18} "
             if r.error:
-                lines.append(f"{r.kernel:<6} {r.mode:<8} {r.length:>6} {r.batch:>4}  {r.candidate:<18} {r.error}")
+                lines.append(row + r.error)
                 continue
             mib = None if r.peak_mem_bytes is None else r.peak_mem_bytes / 2**20
-            lines.append(f"{r.kernel:<6} {r.mode:<8} {r.length:>6} {r.batch:>4}  {r.candidate:<18} "
-                         f"{_num(r.median_ms, '.3f'):>10} {_num(r.tflops, '.3g'):>8} {_num(r.tokens_per_s, '.0f'):>10} "
-                         f"{_num(mib, '.0f'):>9} {_num(r.vs_rope, '.2f'):>7}")
+            lines.append(row + f"{_num(r.median_ms, '.3f'):>10} {_num(r.tflops, '.3g'):>8} "
+                         f"{_num(r.tokens_per_s, '.0f'):>10} {_num(mib, '.0f'):>9} {_num(r.vs_rope, '.2f'):>7}")
         return "\n".join(lines)
 
     def format(self) -> str:
@@ -128,20 +129,8 @@ class SelftestReport:
 def _num(x: float | None, spec: str) -> str:
     if x is None:
         return "-"
-    if isinstance(x, float) and not math.isfinite(x):
-        return str(x)
-    return format(x, spec)
+    return format(x, spec)  # non-finite values come out as str() writes them: inf, -inf, nan
 
 
 def _sortable(x: float) -> float:
     return math.inf if x != x else x  # NaN sorts as the worst
-
-
-def _json_safe(obj):
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return str(obj)
-    if isinstance(obj, dict):
-        return {k: _json_safe(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_json_safe(v) for v in obj]
-    return obj

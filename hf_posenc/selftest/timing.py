@@ -251,8 +251,7 @@ def build_tape_cases(shape: TapeBenchShape, length: int, device: torch.device, d
     B, H, Hkv, D, De = shape.batch, shape.heads, shape.kv_heads, shape.head_dim, shape.e_dim
     gen = dict(device=device, dtype=dtype, requires_grad=backward)
     q = torch.randn(B, H, length, D, **gen)
-    k = torch.randn(B, Hkv, length, D, **gen)
-    v = torch.randn(B, Hkv, length, D, **gen)
+    k, v = (torch.randn(B, Hkv, length, D, **gen) for _ in range(2))
     cos32, sin32 = rope_tables(length, D, device, torch.float32, theta=10_000.0)
     cos, sin = cos32.to(dtype), sin32.to(dtype)
     # positional state: RoPE-initialised (Appendix B) and perturbed per head, as after a TAPE update
