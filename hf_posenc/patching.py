@@ -182,10 +182,10 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     # CoPE's and p-RoPE's counts are over the rotated frequency pairs (partial rotary rotates a fraction of a
     # head); TAPA splits whole heads.
     current = scheme_record(config)
-    stock_rope = config.rope_parameters if current is None else current.original_rope_parameters
+    original = copy.deepcopy(config.rope_parameters) if current is None else current.original_rope_parameters
     keys = family.rope_layer_keys(config, config_scheme.frequency_scheme().layers)
     dims = [config_head_dim(config)] if config_scheme.name == "tapa" else [
-        rotary_dim(config, stock_rope if k is None else stock_rope[k]) for k in keys
+        rotary_dim(config, original if k is None else original[k]) for k in keys
     ]
     for dim in dict.fromkeys(dims):
         config_scheme.check_model(dim)
@@ -200,13 +200,10 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
                 f"replace=True (in a training recipe: scheme.replace: true) to switch it to {config_scheme.name!r} "
                 f"with options {config_scheme.to_dict()}."
             )
-        original = current.original_rope_parameters
-    else:
-        original = copy.deepcopy(config.rope_parameters)
 
     frequencies = config_scheme.frequency_scheme()
     rope_parameters = copy.deepcopy(original)
-    for key in family.rope_layer_keys(config, frequencies.layers):
+    for key in keys:
         layer = original if key is None else original[key]
         new = frequencies.rope_parameters(layer, rotary_dim(config, layer),
                                           getattr(config, "max_position_embeddings", None))

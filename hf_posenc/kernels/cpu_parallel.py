@@ -39,18 +39,11 @@ def _executor(workers: int) -> ThreadPoolExecutor:
     with _lock:
         key = (os.getpid(), workers)
         if _pool is None or _pool_key != key:
-            if _pool is not None and _pool_key is not None and _pool_key[0] == key[0]:
+            if _pool is not None and _pool_key[0] == key[0]:
                 _pool.shutdown(wait=False)
             _pool = ThreadPoolExecutor(workers, thread_name_prefix="hf-posenc-cpu", initializer=_single_threaded_worker)
             _pool_key = key
         return _pool
-
-
-def _call(task: Callable[[], T], modes: tuple[bool, bool]) -> T:
-    grad_enabled, inference = modes
-    # grad and inference mode are per thread: carry the caller's over
-    with torch.inference_mode(inference), torch.set_grad_enabled(grad_enabled):
-        return task()
 
 
 @contextlib.contextmanager
@@ -82,8 +75,14 @@ def run_tasks(tasks: Sequence[Callable[[], T]], threads: int | None = None) -> l
     if len(tasks) <= 1:
         return [task() for task in tasks]
     caller_threads = torch.get_num_threads()
+    grad_enabled, inference = torch.is_grad_enabled(), torch.is_inference_mode_enabled()
+
+    def call(task: Callable[[], T]) -> T:
+        # grad and inference mode are per thread: carry the caller's over
+        with torch.inference_mode(inference), torch.set_grad_enabled(grad_enabled):
+            return task()
+
     try:
-        modes = [(torch.is_grad_enabled(), torch.is_inference_mode_enabled())] * len(tasks)
-        return list(_executor(n).map(_call, tasks, modes))
+        return list(_executor(n).map(call, tasks))
     finally:
         torch.set_num_threads(caller_threads)  # a worker starting up recorded 1 as the process-wide default

@@ -8,12 +8,13 @@ stock or patched type. Adding a Transformers family needs no code; what differs 
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
 from .base import MODEL_TYPE_PREFIX, Family
-from .derive import FamilyRefused, derive, static_refusal, stock_type_of
-from .table import verified_types
+from .derive import FamilyRefused, derive, static_refusal
+from .table import SCHEMES, verified_types
 
 _LAYERS_NOTE = "schemes apply to the global (full-attention) layers unless layers='all' is given"
 _NOPE_NOTE = "layers without positional encoding (no_rope_layers) stay without it"
@@ -21,11 +22,10 @@ _MLA_NOTE = "multi-head latent attention: schemes act on the decoupled rotary pa
 _TAPE_NOPE = "TAPE rotates queries and keys in every layer, but this family has layers without positional encoding"
 
 _TAPE_NOPE_LAYERS = "TAPE rotates queries and keys in every layer, but this family's full-attention layers use none"
-_ALL = ("cope", "hardclip", "prope", "rope", "tapa", "tape")
 
 
 def _every(reason: str) -> dict[str, str]:
-    return dict.fromkeys(_ALL, reason)
+    return dict.fromkeys(SCHEMES, reason)
 
 
 # What differs per family, keyed by stock model type: notes for the user and schemes refused with the reason.
@@ -101,7 +101,7 @@ FAMILIES = _Families()
 def family_for(model_type: str) -> Family:
     """The family of a stock or patched model type; a type hf-posenc cannot patch is a :class:`FamilyRefused`
     error (a ``ValueError``) that names the reason and the families the test matrix verified."""
-    stock = stock_type_of(model_type)
+    stock = model_type.removeprefix(MODEL_TYPE_PREFIX)
     try:
         return FAMILIES[stock]
     except KeyError:
@@ -128,12 +128,9 @@ class _DerivingContent(dict):
     looks up its ``hf_posenc_<type>`` (``AutoConfig.from_pretrained`` of a patched checkpoint)."""
 
     def _derive(self, key: object) -> bool:
-        if not isinstance(key, str) or not key.startswith(MODEL_TYPE_PREFIX) or dict.__contains__(self, key):
-            return dict.__contains__(self, key)
-        try:
-            family_for(key)  # registers the family (and with it this key)
-        except FamilyRefused:
-            return False
+        if isinstance(key, str) and key.startswith(MODEL_TYPE_PREFIX) and not dict.__contains__(self, key):
+            with contextlib.suppress(FamilyRefused):
+                family_for(key)  # registers the family (and with it this key)
         return dict.__contains__(self, key)
 
     def __contains__(self, key: object) -> bool:

@@ -143,10 +143,6 @@ class Family:
     def stock_model_type(self) -> str:
         return self.stock_config_class.model_type
 
-    @property
-    def model_type(self) -> str:
-        return self.config_class.model_type
-
     def rope_layer_keys(self, config: Any, layers: str) -> list[str | None]:
         """Which entries of ``config.rope_parameters`` a scheme rewrites: ``[None]`` for a flat dict; for configs
         nested per layer type (Gemma3), the global (full-attention) entry, or every entry with ``layers="all"``."""
@@ -163,19 +159,16 @@ class Family:
         return [GLOBAL_LAYER_TYPE]
 
 
-def make_family(stock_config_class: type, stock_model_class: type, module: str, notes: list[str] | None = None,
-                name_prefix: str | None = None):
-    """Create the patched config and causal-LM classes of one family and register them with the Auto classes.
-
-    The classes are named ``<name_prefix>PosencConfig`` / ``<name_prefix>PosencForCausalLM`` (default prefix: the
-    causal-LM class name without ``ForCausalLM``)."""
+def make_family(stock_config_class: type, stock_model_class: type, module: str, notes: list[str] | None = None, *,
+                name_prefix: str):
+    """Create the patched config and causal-LM classes of one family and register them with the Auto classes,
+    named ``<name_prefix>PosencConfig`` / ``<name_prefix>PosencForCausalLM``."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     stock_type = stock_config_class.model_type
-    prefix = name_prefix or stock_model_class.__name__.removesuffix("ForCausalLM")
     config_class = strict(
         type(
-            f"{prefix}PosencConfig",
+            f"{name_prefix}PosencConfig",
             (PosencConfigMixin, stock_config_class),
             {
                 "model_type": MODEL_TYPE_PREFIX + stock_type,
@@ -187,7 +180,7 @@ def make_family(stock_config_class: type, stock_model_class: type, module: str, 
         )
     )
     model_class = type(
-        f"{prefix}PosencForCausalLM",
+        f"{name_prefix}PosencForCausalLM",
         (PosencModelMixin, stock_model_class),
         {
             "config_class": config_class,

@@ -13,10 +13,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import inspect
-import sys
-from typing import Any
 
-from .base import MODEL_TYPE_PREFIX, Family, make_family
+from .base import Family, make_family
 
 # Rotary modules of other modalities (vision towers, audio encoders) never carry the text positions.
 NON_TEXT_ROTARY = ("Vision", "Audio", "Visual", "Speech")
@@ -24,11 +22,6 @@ NON_TEXT_ROTARY = ("Vision", "Audio", "Visual", "Speech")
 
 class FamilyRefused(ValueError):
     """A model type (or a model type × scheme) hf-posenc cannot patch; the message names the reason."""
-
-
-def stock_type_of(model_type: str) -> str:
-    """The stock model type of a stock or patched (``hf_posenc_<type>``) model type."""
-    return model_type.removeprefix(MODEL_TYPE_PREFIX)
 
 
 def stock_classes(model_type: str) -> tuple[type, type]:
@@ -53,17 +46,12 @@ def declares_rope_parameters(config_class: type) -> bool:
 
 def text_rotary_classes(model_class: type) -> list[type]:
     """The text rotary embedding classes defined in a causal-LM class's modeling module."""
-    module = sys.modules.get(model_class.__module__) or importlib.import_module(model_class.__module__)
+    module = importlib.import_module(model_class.__module__)
     return [
         obj for name, obj in vars(module).items()
         if inspect.isclass(obj) and name.endswith("RotaryEmbedding") and obj.__module__ == module.__name__
         and not any(word in name for word in NON_TEXT_ROTARY)
     ]
-
-
-def uses_mrope(rotary_class: type) -> bool:
-    """Whether a rotary class builds multimodal (3-D, ``mrope``) positions."""
-    return "mrope" in inspect.getsource(rotary_class)
 
 
 def static_refusal(model_type: str) -> str | None:
@@ -81,7 +69,7 @@ def static_refusal(model_type: str) -> str | None:
     rotary = text_rotary_classes(model_class)
     if not rotary:
         return f"no text rotary embedding module in {model_class.__module__}"
-    if any(uses_mrope(cls) for cls in rotary):
+    if any("mrope" in inspect.getsource(cls) for cls in rotary):  # builds multimodal (3-D) positions
         return "multimodal 3-D rotary positions (mrope): a frequency scheme has no single text position to act on"
     return None
 
@@ -92,10 +80,9 @@ def derive(model_type: str, notes: list[str] | None = None, refusals: dict[str, 
     if reason is not None:
         raise FamilyRefused(f"hf-posenc cannot patch model type {model_type!r}: {reason}.")
     config_class, model_class = stock_classes(model_type)
-    module = sys.modules[__name__]
     family = make_family(config_class, model_class, __name__, notes, name_prefix=_prefix(config_class, model_class))
     for cls in (family.config_class, family.model_class):
-        setattr(module, cls.__name__, cls)  # reachable as hf_posenc.patches.derive.<name> (pickling, repr)
+        globals()[cls.__name__] = cls  # reachable as hf_posenc.patches.derive.<name> (pickling, repr)
     family.refusals.update(refusals or {})
     return family
 
@@ -116,11 +103,10 @@ def rotary_causal_lm_types() -> list[str]:
     for model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         config_class, model_class = stock_classes(model_type)
         if declares_rope_parameters(config_class) or any(
-            name.endswith("RotaryEmbedding") for name in vars(sys.modules.get(model_class.__module__)
-                                                              or importlib.import_module(model_class.__module__))
+            name.endswith("RotaryEmbedding") for name in vars(importlib.import_module(model_class.__module__))
         ):
             found.append(model_type)
     return sorted(found)
 
 
-__all__ = ["FamilyRefused", "derive", "rotary_causal_lm_types", "static_refusal", "stock_classes", "stock_type_of"]
+__all__ = ["FamilyRefused", "derive", "rotary_causal_lm_types", "static_refusal", "stock_classes"]

@@ -14,18 +14,16 @@ from typing import Any
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "families.json"
 SCHEMES = ("cope", "hardclip", "prope", "rope", "tapa", "tape")
-STATUSES = ("verified", "refused", "untested")
 
 
 @functools.cache
-def load_table(path: str | None = None) -> dict[str, Any]:
+def load_table() -> dict[str, Any]:
     """The support table (``{"transformers_version", "schemes", "families": {type: {scheme: entry}}}``)."""
-    target = Path(path) if path is not None else TABLE_PATH
-    if not target.is_file():
+    if not TABLE_PATH.is_file():
         raise FileNotFoundError(
-            f"the family support table {target} is missing; regenerate it with `python scripts/families_table.py`."
+            f"the family support table {TABLE_PATH} is missing; regenerate it with `python scripts/families_table.py`."
         )
-    return json.loads(target.read_text())
+    return json.loads(TABLE_PATH.read_text())
 
 
 def verified_types(scheme: str) -> list[str]:
@@ -64,4 +62,4 @@ def format_table(table: dict[str, Any], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SCHEMES", "STATUSES", "TABLE_PATH", "format_table", "load_table", "verified_types"]
+__all__ = ["SCHEMES", "TABLE_PATH", "format_table", "load_table", "verified_types"]

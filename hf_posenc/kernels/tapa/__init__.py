@@ -54,9 +54,7 @@ __all__ = [
 
 def uses_triton(q: torch.Tensor) -> bool:
     """True when `tapa_attention` would run the Triton kernel for this query tensor."""
-    if TRITON_IMPORT_ERROR is not None:
-        return False
-    return q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return TRITON_IMPORT_ERROR is None and (q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1")
 
 
 @tapa_op

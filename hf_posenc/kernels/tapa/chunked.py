@@ -133,9 +133,6 @@ class _Plan:
         d_pow = torch.where(df > 0, df.clamp_min(1.0) ** self.args.alpha, torch.zeros_like(df))
         return d_pow * self.c_p
 
-    def _lookup(self, d: torch.Tensor) -> torch.Tensor:
-        return self.table[d] if self.table is not None else self._scale_of(d)
-
     def phase_scale(self, i0: int, i1: int, j0: int, j1: int) -> torch.Tensor:
         """c_P·d^α for queries [i0, i1) × keys [j0, j1), shaped [B', BM, BN]."""
         qb, kb = self.q_breaks, self.k_breaks
@@ -152,7 +149,8 @@ class _Plan:
             # windows in reverse order (index_select writes them contiguously, several times faster than flip)
             rows_reversed = torch.arange(bm - 1, -1, -1, device=self.device)
             return u.flip(-1).unfold(-1, bn, 1).index_select(-2, rows_reversed)
-        return self._lookup((self.qpos[:, i0:i1, None] - self.kpos[:, None, j0:j1]).abs_())
+        d = (self.qpos[:, i0:i1, None] - self.kpos[:, None, j0:j1]).abs_()
+        return self.table[d] if self.table is not None else self._scale_of(d)
 
     # -- masks and schedule ----------------------------------------------------------------------------------
     def _key_block_flags(self) -> None:
@@ -223,9 +221,6 @@ class _Plan:
         lo = max(0, i0 + self.off - self.window + 1) if self.window is not None else 0
         return lo, hi
 
-    def query_blocks(self) -> list[tuple[int, int]]:
-        return [(i0, min(i0 + self.block_q, self.Lq)) for i0 in range(0, self.Lq, self.block_q)]
-
     def task_order(self) -> list[tuple[int, int]]:
         """Query blocks, those that visit the most keys first (so parallel workers finish together)."""
 
@@ -233,14 +228,13 @@ class _Plan:
             lo, hi = self.key_range(*block)
             return hi - lo
 
-        return sorted(self.query_blocks(), key=keys_visited, reverse=True)
+        blocks = [(i0, min(i0 + self.block_q, self.Lq)) for i0 in range(0, self.Lq, self.block_q)]
+        return sorted(blocks, key=keys_visited, reverse=True)
 
     def key_blocks(self, i0: int, i1: int) -> Iterator[_Block]:
         """The key blocks query block [i0, i1) must visit, each with its visibility mask (None: all visible)."""
         a, bk = self.args, self.block_k
-        lo, hi = self.key_range(i0, i1)
-        if hi <= lo:
-            return
+        lo, hi = self.key_range(i0, i1)  # never empty: a query's own key index lies in it
         # c_P·d^α for the whole strip of keys at once when its positions are consecutive (one tensor op per query
         # block instead of per key block); per block otherwise
         strip = self.phase_scale(i0, i1, lo, hi) if self.k_breaks[hi - 1] == self.k_breaks[lo] else None

@@ -1,13 +1,8 @@
 """TAPA decode: the launch plan of forward calls with at most ``DECODE_MAX_LQ`` queries
-(:func:`~hf_posenc.kernels._triton.use_decode_path`), which run as split-K decode.
-
-The forward kernel (``triton_tapa._tapa_fwd_kernel``, the same JIT function as prefill with other launch
-arguments) runs with the split-K layout (:meth:`~hf_posenc.kernels._triton.ForwardLayout.split_k`): the query rows
-of a whole GQA group are packed into one 16-row tile (row r is query r mod Lq of head r div Lq), so each K/V block
-is read once per kv head, and the key axis is split across programs. With several splits each one writes its
-normalised O and base-2 LSE in fp32 and the shared split-combine kernel merges them; with one (short caches, many
-programs) the kernel writes the results. Its LAZY heuristic is off at decode lengths (16-row tiles gain nothing
-from the lazy-rescale branch, which costs them stack).
+(:func:`~hf_posenc.kernels._triton.use_decode_path`): the prefill forward kernel (``triton_tapa._tapa_fwd_kernel``)
+with the split-K layout of :class:`~hf_posenc.kernels._triton.ForwardLayout` (a whole GQA group's query rows packed
+into one 16-row tile, so each K/V block is read once per kv head; the key axis split across programs, the partials
+merged by the shared split-combine kernel), its lazy rescaling off (`lazy_max`).
 
 This module holds the decode tile per target, the layout, the buffers and the combine launch; the forward
 kernel's arguments come from the op's ``_forward_spec``, handed in by ``triton_tapa.plan_forward``.

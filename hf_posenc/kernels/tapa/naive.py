@@ -73,7 +73,6 @@ class TapaArgs:
     """Validated, normalised arguments shared by the reference and the Triton kernel."""
 
     alpha: float
-    theta: float
     linear: bool
     causal: bool
     amp_dims: int
@@ -97,22 +96,6 @@ def _check_index_tensor(name: str, t: torch.Tensor, shape: tuple[int, int], devi
     if t.device != device:
         raise ValueError(f"{name} is on {t.device} but q is on {device}; move it with .to(q.device)")
     return t.long()
-
-
-def _check_sliding_window(sliding_window: object) -> int | None:
-    if sliding_window is None:
-        return None
-    if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral):
-        raise TypeError(
-            f"sliding_window must be a positive int (number of keys a query sees, itself included) or None, "
-            f"got {sliding_window!r} of type {type(sliding_window).__name__}"
-        )
-    if sliding_window <= 0:
-        raise ValueError(
-            f"sliding_window must be >= 1 (with causal=True, 1 = each query sees only its own key) "
-            f"or None for no window, got {sliding_window}"
-        )
-    return int(sliding_window)
 
 
 def validate_tapa_args(
@@ -172,7 +155,18 @@ def validate_tapa_args(
     if not isinstance(causal, bool):
         raise TypeError(f"causal must be a bool, got {causal!r}")
     amp, ph = tapa_split(D, theta)
-    window = _check_sliding_window(sliding_window)
+    if sliding_window is not None:
+        if isinstance(sliding_window, bool) or not isinstance(sliding_window, numbers.Integral):
+            raise TypeError(
+                f"sliding_window must be a positive int (number of keys a query sees, itself included) or None, "
+                f"got {sliding_window!r} of type {type(sliding_window).__name__}"
+            )
+        if sliding_window <= 0:
+            raise ValueError(
+                f"sliding_window must be >= 1 (with causal=True, 1 = each query sees only its own key) "
+                f"or None for no window, got {sliding_window}"
+            )
+        sliding_window = int(sliding_window)
 
     if q_positions is not None and k_positions is None:
         raise ValueError("q_positions given without k_positions; pass both (distances need key positions)")
@@ -185,7 +179,6 @@ def validate_tapa_args(
     else:
         q_pos = _check_index_tensor("q_positions", q_positions, (B, Lq), q.device)
 
-    kpm = None
     if key_padding_mask is not None:
         if not isinstance(key_padding_mask, torch.Tensor) or key_padding_mask.dtype != torch.bool:
             raise TypeError("key_padding_mask must be a bool tensor [batch, Lk] with True = attend")
@@ -193,7 +186,6 @@ def validate_tapa_args(
             raise ValueError(f"key_padding_mask must have shape {[B, Lk]}, got {list(key_padding_mask.shape)}")
         if key_padding_mask.device != q.device:
             raise ValueError("key_padding_mask must be on the device of q")
-        kpm = key_padding_mask
     if (q_segment_ids is None) != (k_segment_ids is None):
         raise ValueError("pass both q_segment_ids and k_segment_ids (packed sequences) or neither")
     qs = ks = None
@@ -202,7 +194,6 @@ def validate_tapa_args(
         ks = _check_index_tensor("k_segment_ids", k_segment_ids, (B, Lk), q.device)
     return TapaArgs(
         alpha=float(alpha),
-        theta=float(theta),
         linear=phase == "linear",
         causal=causal,
         amp_dims=amp,
@@ -210,10 +201,10 @@ def validate_tapa_args(
         group=Hq // Hkv,
         q_positions=q_pos,
         k_positions=k_pos,
-        key_padding_mask=kpm,
+        key_padding_mask=key_padding_mask,
         q_segment_ids=qs,
         k_segment_ids=ks,
-        sliding_window=window,
+        sliding_window=sliding_window,
     )
 
 

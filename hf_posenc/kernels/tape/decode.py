@@ -1,14 +1,8 @@
 """TAPE decode: the launch plan of forward calls with at most ``DECODE_MAX_LQ`` queries
-(:func:`~hf_posenc.kernels._triton.use_decode_path`), which run as split-K decode.
-
-The forward kernel (``triton_tape._tape_fwd_kernel``, the same JIT function as prefill with other launch
-arguments) runs with the split-K layout (:meth:`~hf_posenc.kernels._triton.ForwardLayout.split_k`): the query rows
-of a whole GQA group are packed into 16-row tiles (row r is query r mod Lq of head r div Lq), so every K/V/E tile
-is read once per KV head and row tile, and the key axis is split across programs. With several splits each one
-writes its normalised O and Ẽ side by side in one fp32 buffer, with its base-2 LSE, and one launch of the shared
-split-combine kernel merges both; with one (short caches, many programs) the kernel writes the results. Its LAZY
-heuristic is off at decode lengths (16-row tiles gain nothing from the lazy-rescale branch, which costs them
-stack).
+(:func:`~hf_posenc.kernels._triton.use_decode_path`), as TAPA's (``kernels/tapa/decode.py``): the prefill forward
+kernel (``triton_tape._tape_fwd_kernel``) with the split-K layout of :class:`~hf_posenc.kernels._triton.ForwardLayout`.
+With several splits each one writes its normalised O and Ẽ side by side in one fp32 buffer, with its base-2 LSE,
+and one launch of the shared split-combine kernel merges both.
 
 This module holds the decode tile per target, the layout, the buffers and the combine launch; the forward
 kernel's arguments come from the op's ``_forward_spec``, handed in by ``triton_tape.plan_forward``.

@@ -54,11 +54,6 @@ class TapeArgs:
         """Query heads per KV head (1 for multi-head attention)."""
         return self.q_heads // self.kv_heads
 
-    @property
-    def offset(self) -> int:
-        """Lk − Lq: query i sits at absolute position i + offset."""
-        return self.k_len - self.q_len
-
 
 def validate_tape_args(
     q: torch.Tensor,
@@ -154,7 +149,7 @@ def tape_visibility(args: TapeArgs, device: torch.device) -> torch.Tensor:
     """Bool mask [B or 1, 1, Lq, Lk]: True where query i may attend key j (causal offset Lk − Lq, padding)."""
     vis = torch.ones(1, 1, args.q_len, args.k_len, dtype=torch.bool, device=device)
     if args.causal:
-        i = torch.arange(args.q_len, device=device)[:, None] + args.offset
+        i = torch.arange(args.q_len, device=device)[:, None] + (args.k_len - args.q_len)  # query i is key i + Lk − Lq
         j = torch.arange(args.k_len, device=device)[None, :]
         vis = vis & (j <= i)
     if args.key_padding_mask is not None:

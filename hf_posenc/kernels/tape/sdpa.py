@@ -27,17 +27,11 @@ def tape_attention_sdpa(
     """TAPE attention, eq. 6–7, as SDPA over [V | E]; returns (o [B, Hq, Lq, D], e_out [B, Hq, Lq, De])."""
     ve = torch.cat([v, e], dim=-1)
     kk, ve = repeat_kv(k, args.group), repeat_kv(ve, args.group)
-    empty_rows = None
     if args.key_padding_mask is None and (not args.causal or args.q_len == args.k_len):
         out = F.scaled_dot_product_attention(q, kk, ve, is_causal=args.causal, scale=args.scale)
     else:
         vis = tape_visibility(args, q.device)  # [B|1, 1, Lq, Lk]
         empty_rows = ~vis.any(dim=-1, keepdim=True)  # [B|1, 1, Lq, 1]
-        if bool(empty_rows.any()):
-            vis = vis | empty_rows
-        else:
-            empty_rows = None
-        out = F.scaled_dot_product_attention(q, kk, ve, attn_mask=vis, scale=args.scale)
-    if empty_rows is not None:
+        out = F.scaled_dot_product_attention(q, kk, ve, attn_mask=vis | empty_rows, scale=args.scale)
         out = out.masked_fill(empty_rows, 0.0)
     return out[..., : args.head_dim], out[..., args.head_dim :]

@@ -26,14 +26,9 @@ from .config import (
 )
 from .rope_types import clipped_rope_init, cope_init, hardclip_init, rotary_dim, validate_clipped_rope_parameters
 
-register_scheme(CoPEConfig, rope_types={
-    "cope": RopeType(init=cope_init, validate=validate_clipped_rope_parameters),
-    "cope_dynamic": RopeType(init=cope_init, validate=validate_clipped_rope_parameters),
-})
-register_scheme(HardClipConfig, rope_types={
-    "hardclip": RopeType(init=hardclip_init, validate=validate_clipped_rope_parameters),
-    "hardclip_dynamic": RopeType(init=hardclip_init, validate=validate_clipped_rope_parameters),
-})
+for _config, _init in ((CoPEConfig, cope_init), (HardClipConfig, hardclip_init)):
+    _rope_type = RopeType(init=_init, validate=validate_clipped_rope_parameters)
+    register_scheme(_config, rope_types={_config.name: _rope_type, f"{_config.name}_dynamic": _rope_type})
 
 __all__ = [
     "CoPEConfig", "HardClipConfig", "taper_weights", "taper_factors", "clipped_rope_init", "rotary_dim",

@@ -4,24 +4,13 @@ whatever frequencies the base rope type computes, and the config-side validation
 from __future__ import annotations
 
 import copy
+import functools
 from typing import Any
 
 import torch
 
 from ..base import head_dim as config_head_dim
 from .config import SCHEME_KEYS, taper_factors, taper_weights
-
-
-def _layer_params(config: Any, layer_type: str | None) -> dict[str, Any]:
-    return config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
-
-
-def _shadow_config(config: Any, layer_type: str | None, params: dict[str, Any]) -> Any:
-    """A shallow copy of ``config`` whose rope parameters (for ``layer_type``) are ``params``."""
-    shadow = copy.copy(config)
-    shadow.rope_parameters = (dict(params) if layer_type is None
-                              else {**config.rope_parameters, layer_type: dict(params)})
-    return shadow
 
 
 def rotary_dim(config: Any, params: dict[str, Any]) -> int:
@@ -35,7 +24,7 @@ def clipped_rope_init(
     *, hard: bool = False,
 ) -> tuple[torch.Tensor, float]:
     """``ROPE_INIT_FUNCTIONS`` entry: the base type's ``(inv_freq, attention_scaling)`` with the taper applied."""
-    params = _layer_params(config, layer_type)
+    params = config.rope_parameters[layer_type] if layer_type is not None else config.rope_parameters
     clip_low_n, base_type = params["clip_low_n"], params["base_rope_type"]
     if base_type == "default":
         dim = rotary_dim(config, params)
@@ -46,18 +35,15 @@ def clipped_rope_init(
 
     base_params = {k: v for k, v in params.items() if k not in SCHEME_KEYS}
     base_params["rope_type"] = base_type
-    shadow = _shadow_config(config, layer_type, base_params)
+    shadow = copy.copy(config)  # a shallow copy whose rope parameters (for layer_type) are the base type's
+    shadow.rope_parameters = base_params if layer_type is None else {**config.rope_parameters, layer_type: base_params}
     inv_freq, scaling = ROPE_INIT_FUNCTIONS[base_type](shadow, device, seq_len=seq_len, layer_type=layer_type)
     w = taper_weights(inv_freq.shape[-1], clip_low_n, hard).to(device=inv_freq.device, dtype=inv_freq.dtype)
     return inv_freq * w, scaling
 
 
-def cope_init(config, device=None, seq_len=None, layer_type=None):
-    return clipped_rope_init(config, device, seq_len, layer_type, hard=False)
-
-
-def hardclip_init(config, device=None, seq_len=None, layer_type=None):
-    return clipped_rope_init(config, device, seq_len, layer_type, hard=True)
+cope_init = functools.partial(clipped_rope_init, hard=False)
+hardclip_init = functools.partial(clipped_rope_init, hard=True)
 
 
 def validate_clipped_rope_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys=None) -> None:

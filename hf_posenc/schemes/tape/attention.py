@@ -63,14 +63,11 @@ def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: 
     d = q.shape[-1]
     fn = attention_function(attn)
     name = attn.config._attn_implementation
-    if name in ("eager", ATTN_NAME):  # eager's column-wise matmuls keep O bit-identical to P·V alone
+    one_call = name in ("eager", ATTN_NAME)  # eager's column-wise matmuls keep O bit-identical to P·V alone
+    if one_call or kwargs.get("dropout", 0.0):
+        if not one_call:  # zero-padded to the value's width: q·k unchanged
+            q, k = (nn.functional.pad(t, (0, e.shape[-1])) for t in (q, k))
         out, weights = fn(attn, q, k, torch.cat([v, e], dim=-1), attention_mask, **kwargs)
-        return out[..., :d], out[..., d:], weights
-    if kwargs.get("dropout", 0.0):
-        def pad(t: torch.Tensor) -> torch.Tensor:
-            return nn.functional.pad(t, (0, e.shape[-1]))
-
-        out, weights = fn(attn, pad(q), pad(k), torch.cat([v, e], dim=-1), attention_mask, **kwargs)
         return out[..., :d], out[..., d:], weights
     o, weights = fn(attn, q, k, v, attention_mask, **kwargs)
     e_tilde, _ = fn(attn, q, k, e, attention_mask, **kwargs)
