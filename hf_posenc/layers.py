@@ -1,4 +1,5 @@
-"""Finding the parts of a loaded causal LM that several layers of hf-posenc need."""
+"""Finding the parts of a loaded causal LM that several layers of hf-posenc need, and applying its head's logit
+transform where hf-posenc computes logits itself."""
 
 from __future__ import annotations
 
