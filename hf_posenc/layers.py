@@ -39,5 +39,6 @@ def output_logit_transform(config) -> tuple[float, float | None]:
 def transform_logits(logits: torch.Tensor, scale: float, softcap: float | None) -> torch.Tensor:
     """softcap·tanh(scale·z / softcap), or scale·z when ``softcap`` is ``None``: the transform that
     :func:`output_logit_transform` describes, applied to ``lm_head``'s output ``z``."""
-    logits = logits * scale
+    if scale != 1.0:  # most families: no pass over the [tokens, vocab] logits (x·1.0 = x exactly anyway)
+        logits = logits * scale
     return logits if softcap is None else softcap * torch.tanh(logits / softcap)

@@ -626,11 +626,18 @@ def test_benchmark_smoke(tmp_path):
         assert all(r["median_ms"] > 0 for r in rec["results"].values())
 
 
-def test_kernel_strided_inputs():
-    """HF attention passes q/k/v as transposed views of [B, L, H, D]; the kernel reads strides."""
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
+def test_kernel_strided_inputs(deterministic):
+    """HF attention passes q/k/v as transposed views of [B, L, H, D]; the kernels read strides, forward and
+    backward (the row strides of q/k then differ from those of dO and v, which the backward tiles must keep apart)."""
     g = torch.Generator().manual_seed(91)
-    q = torch.randn(2, 37, 4, 32, generator=g).transpose(1, 2)
-    k = torch.randn(2, 37, 2, 32, generator=g).transpose(1, 2)
-    v = torch.randn(2, 37, 2, 32, generator=g).transpose(1, 2)
+    q = torch.randn(2, 37, 4, 32, generator=g).transpose(1, 2).requires_grad_(True)
+    k = torch.randn(2, 37, 2, 32, generator=g).transpose(1, 2).requires_grad_(True)
+    v = torch.randn(2, 37, 2, 32, generator=g).transpose(1, 2).requires_grad_(True)
     assert not q.is_contiguous()
-    torch.testing.assert_close(tapa_attention_triton(q, k, v), tapa_attention_reference(q, k, v), atol=3e-4, rtol=3e-4)
+    out = tapa_attention_triton(q, k, v, deterministic=deterministic)
+    ref = tapa_attention_reference(q, k, v)
+    torch.testing.assert_close(out, ref, atol=3e-4, rtol=3e-4)
+    do = torch.randn(out.shape, generator=g)
+    for name, a, b in zip("qkv", torch.autograd.grad(out, (q, k, v), do), torch.autograd.grad(ref, (q, k, v), do)):
+        torch.testing.assert_close(a, b, atol=3e-3, rtol=3e-3, msg=lambda m: f"d{name}: {m}")

@@ -237,15 +237,21 @@ def test_triton_fp16_backward(D):
 
 
 def test_triton_non_contiguous_inputs_and_custom_scale():
-    B, H, L, D, De = 1, 2, 21, 16, 8
-    q = torch.randn(B, L, H, D, device=DEVICE).transpose(1, 2)  # [B, H, L, D] view with head stride D
-    k = torch.randn(B, L, H, D, device=DEVICE).transpose(1, 2)
-    v = torch.randn(B, L, H, D, device=DEVICE).transpose(1, 2)
-    e = torch.randn(B, L, H, De, device=DEVICE).transpose(1, 2)
-    o, eo = tape_attention_triton(q, k, v, e, scale=0.7)
-    ro, reo = tape_attention_reference(q, k, v, e, scale=0.7)
+    """Token-major views (what HF attention passes), forward and backward: the row strides of q/k/v/e then differ
+    from those of dO/dẼ, which the backward tiles must keep apart."""
+    B, Hq, Hkv, L, D, De = 1, 4, 2, 21, 16, 8
+    leaves = [torch.randn(B, L, h, w, device=DEVICE).transpose(1, 2).requires_grad_()  # [B, H, L, ·] views
+              for h, w in ((Hq, D), (Hkv, D), (Hkv, D), (Hkv, De))]
+    assert not leaves[0].is_contiguous()
+    o, eo = tape_attention_triton(*leaves, scale=0.7)
+    ro, reo = tape_attention_reference(*leaves, scale=0.7)
     torch.testing.assert_close(o, ro, **TOL[torch.float32])
     torch.testing.assert_close(eo, reo, **TOL[torch.float32])
+    go, ge = torch.randn_like(o), torch.randn_like(eo)
+    grads = torch.autograd.grad((o * go).sum() + (eo * ge).sum(), leaves)
+    ref = torch.autograd.grad((ro * go).sum() + (reo * ge).sum(), leaves)
+    for label, g, r in zip("q k v e".split(), grads, ref):
+        torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4, msg=lambda m: f"d{label}: {m}")
 
 
 def test_dispatch(monkeypatch):
