@@ -34,6 +34,9 @@ def test_every_kernel_compiles_for_a100_and_h100(lane):
 
 
 def test_lane_covers_every_entry_kernel_and_flag(lane):
+    scalar_cell = [r for r in lane if (r.arch, r.dtype, r.head_dim) == (90, DTYPES[0], min(HEAD_DIMS))]
+    assert scalar_cell and all(r.fp64_scalars == "ok" for r in scalar_cell)  # compiled as Inductor types floats
+    assert all(r.fp64_scalars is None for r in lane if r not in scalar_cell)
     for family, expected in (("tapa", TAPA_KERNELS), ("tape", TAPE_KERNELS)):
         for arch in (80, 90):
             for dtype in DTYPES:
@@ -57,6 +60,17 @@ def test_lane_covers_every_entry_kernel_and_flag(lane):
                         if family == "tapa" and "DA" in r.constexprs:  # compiled with the heuristics' values
                             assert r.constexprs["BDA"] == pow2(r.constexprs["DA"]), r.constexprs
                             assert r.constexprs["IN_PREC"] == "tf32", r.constexprs
+
+
+def test_fp32_inputs_fit_shared_memory():
+    """fp32 inputs (exact "ieee" dots, accurate math) take the fp32 tile tables: every kernel compiles for A100 and
+    H100 within shared memory at head dim 128 (the 16-bit tiles asked an H200 for 294912 B of its 232448 B in
+    TAPE's dQ kernel); their spills are reported, not flagged."""
+    records = run_lane_subprocess(archs=(80, 90), dtypes=("float32",), head_dims=(128,), timeout=1200)
+    assert not [(r.launches, r.arch, r.problems) for r in records if r.problems]
+    assert all(r.error is None and r.shared <= r.shared_limit for r in records)
+    assert {n for r in records for n in r.launches} == (TAPA_KERNELS - {"tapa_bwd"}) | TAPE_KERNELS  # no fused bwd
+    assert all(r.constexprs.get("FAST") is False for r in records if "FAST" in r.constexprs)
 
 
 def test_masks_are_runtime_arguments(lane):
@@ -85,6 +99,11 @@ def test_lane_flags_a_non_constexpr_global_and_spills():
     spill = by_name["spills"]
     assert spill.error is None and spill.spills > 0
     assert any("register spills" in p for p in spill.problems)
+    unsafe, safe = by_name["scales_loop_state"], by_name["scales_loop_state_fp32"]
+    assert unsafe.error is None and unsafe.registers > 0  # fp32 argument, as Triton's launcher passes it
+    assert unsafe.fp64_scalars not in (None, "ok") and "fp64" in unsafe.fp64_scalars, unsafe.fp64_scalars
+    assert any("fp64 float arguments" in p for p in unsafe.problems)
+    assert safe.fp64_scalars == "ok" and not safe.problems
 
 
 def test_compile_inputs_refuses_interpreter_kernels():
@@ -114,7 +133,8 @@ def test_launch_spec_derives_the_kernels_heuristics():
         assert not set(spec.derived) & set(spec.args)
         assert {n: spec.constexprs[n] for n in spec.derived} == spec.derived
     fp32 = triton_tapa.plan_forward(q[:, :, :1].float(), k.float(), k.float(), args, Target.gpu(90))[0][0]
-    assert fp32.derived["IN_PREC"] == "ieee"
+    assert fp32.derived["IN_PREC"] == "ieee" and fp32.constexprs["FAST"] is False  # accurate math for fp32 inputs
+    assert spec.constexprs["FAST"] is True
     with pytest.raises(TypeError, match="triton.heuristics"):
         LaunchSpec(spec.name, spec.kernel, spec.grid, dict(spec.args, BDA=64))
 

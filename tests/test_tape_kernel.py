@@ -119,21 +119,24 @@ def test_sdpa_fold_matches_reference(name):
         torch.testing.assert_close(g, r, atol=1e-10, rtol=1e-10)
 
 
-@pytest.mark.parametrize("lk, splits", [(12, 1), (50, 4)], ids=["one-split", "split-k"])
-def test_decode_plan_splits_keys_only_when_there_are_several_blocks(monkeypatch, lk, splits):
-    """decode.plan_decode (interpreter: 16-key blocks, 8 programs): one key block, one split, the decode launch
-    writes O and Ẽ itself; 50 keys for 2 row-tile programs, 4 splits whose [O | Ẽ] partials one combine merges.
-    Both match the reference."""
+@pytest.mark.parametrize("several", [False, True], ids=["one-split", "split-k"])
+def test_decode_plan_splits_keys_only_when_there_are_several_blocks(monkeypatch, several):
+    """decode.plan_decode: 12 keys are one key block, one split, and the decode launch writes O and Ẽ itself; many
+    key blocks (interpreter: 50 keys in 16-key blocks for 2 row-tile programs, 4 splits; GPU: 2048 keys, at
+    least 4 blocks per split) are split, and one combine merges the [O | Ẽ] partials. Both match the reference."""
     import hf_posenc.kernels.tape.triton_tape as tt
 
+    lk = (2048 if DEVICE == "cuda" else 50) if several else 12
     seen = []
     real = tt.launch_all
     monkeypatch.setattr(tt, "launch_all", lambda specs: (seen.append(specs), real(specs)))
     (q, k, v, e), _ = make_inputs(1, 4, 2, 2, lk, 16, 8, left_pad=False, seed=90 + lk)
     o, eo = tape_attention_triton(q, k, v, e)
     fwd = seen[-1][0]
-    assert [s.name for s in seen[-1]] == ["tape_decode"] + (["split_combine"] if splits > 1 else [])
-    assert fwd.grid == (1, 2, splits) and fwd.args["GP"] == 2 and fwd.derived["LAZY"] is False
+    assert [s.name for s in seen[-1]] == ["tape_decode"] + (["split_combine"] if several else [])
+    splits = fwd.grid[2]
+    assert (splits > 1) == several and (DEVICE == "cuda" or splits == (4 if several else 1))
+    assert fwd.grid[:2] == (1, 2) and fwd.args["GP"] == 2 and fwd.derived["LAZY"] is False
     ro, reo = tape_attention_reference(q, k, v, e)
     torch.testing.assert_close(o, ro, **TOL[torch.float32])
     torch.testing.assert_close(eo, reo, **TOL[torch.float32])

@@ -81,10 +81,12 @@ class Target:
     def interpreter(self) -> bool:
         return self.arch is None
 
-    @property
-    def fast_math(self) -> bool:
-        """Approximate special-function instructions: CUDA only (the interpreter has no inline assembly)."""
-        return self.arch is not None
+    def fast_math(self, dtype: torch.dtype) -> bool:
+        """Approximate special-function instructions (cos, log2, exp2): on CUDA (the interpreter has no inline
+        assembly) for 16-bit inputs, whose rounding they stay well inside; fp32 inputs keep the accurate routines
+        (with the approximations TAPA's fp32 dQ was 3.6e-4 off its float64 reference on an H200, the accurate
+        interpreter path 4e-5)."""
+        return self.arch is not None and dtype != torch.float32
 
     @property
     def hopper(self) -> bool:
@@ -222,6 +224,13 @@ def launch_all(specs: list[LaunchSpec]) -> None:
 
 
 @triton.jit
+def fp32(x):
+    """A scalar kernel argument as fp32: Triton's launcher types Python floats fp32, torch.compile's Inductor
+    fp64 (it compiles the kernels itself), which would turn loop-carried fp32 state into fp64 and fail."""
+    return tl.cast(x, tl.float32)
+
+
+@triton.jit
 def exp2(x, FAST: tl.constexpr):
     """2^x; ex2.approx.ftz.f32 on CUDA (2^-inf = 0, as the masks rely on)."""
     if FAST:
@@ -286,10 +295,12 @@ def strides(t: torch.Tensor, n: int = 3) -> tuple[int, ...]:
     return tuple(t.stride(i) for i in range(n))
 
 
-def table_row(table: dict[str, dict[int, Any]], target: Target, width: int) -> Any:
-    """The entry of a per-architecture tile table (``"sm90"`` for Hopper and newer, ``"sm80"`` otherwise) in the
-    smallest width bucket >= `width` (the largest bucket beyond it)."""
-    buckets = table["sm90" if target.hopper else "sm80"]
+def table_row(table: dict[str, dict[int, Any]], target: Target, width: int, itemsize: int = 2) -> Any:
+    """The entry of a tile table in the smallest width bucket >= `width` (the largest bucket beyond it): the
+    ``"sm90"`` table for Hopper and newer, ``"sm80"`` otherwise, for 16-bit inputs; the ``"fp32"`` table (both
+    architectures) for fp32 inputs (`itemsize` 4), whose operands take twice the registers and shared memory:
+    the 16-bit tiles overflow shared memory there (seen on an H200: 294912 B requested, 232448 B available)."""
+    buckets = table["fp32" if itemsize >= 4 else "sm90" if target.hopper else "sm80"]
     return buckets[min((b for b in buckets if b >= width), default=max(buckets))]
 
 
@@ -668,8 +679,9 @@ def compile_inputs(spec: LaunchSpec, arch: int) -> tuple[Any, dict, Any]:
     backend = make_backend(target)
     kwargs = dict(num_warps=spec.num_warps, num_stages=spec.num_stages)
     kwargs["debug"] = kernel.debug or knobs.runtime.debug
-    kwargs["instrumentation_mode"] = knobs.compilation.instrumentation_mode
-    kwargs["fpsan_homomorphic_casts"] = knobs.compilation.fpsan_homomorphic_casts
+    for knob in ("instrumentation_mode", "fpsan_homomorphic_casts"):  # as JITFunction.run passes them (3.6 has one)
+        if hasattr(knobs.compilation, knob):
+            kwargs[knob] = getattr(knobs.compilation, knob)
     binder = create_function_from_signature(kernel.signature, kernel.params, backend)
     args = spec.all_args
     bound_args, specialization, _ = binder(*[args[n] for n in kernel.arg_names], **kwargs)

@@ -10,8 +10,14 @@ options), and flags a record when:
 
 * the compile fails (for instance a non-constexpr global read inside ``@triton.jit``, which only the
   interpreter accepts);
-* the kernel spills registers (cuobjdump ``STACK`` or ``LOCAL`` > 0) at head dim <= 128;
-* the launch would request more shared memory than the architecture allows (any head dim).
+* the kernel spills registers (cuobjdump ``STACK`` or ``LOCAL`` > 0) at head dim <= 128 with 16-bit inputs (fp32
+  inputs, exact "ieee" dots on the FMA units, take small tiles that fit shared memory and spill: a
+  correctness path, reported but not flagged);
+* the launch would request more shared memory than the architecture allows (any head dim);
+* the kernel does not compile with its float arguments typed fp64, as torch.compile's Inductor types Python
+  floats when it compiles user Triton kernels itself (compiled models, ``generate`` with a static cache on
+  CUDA); checked in one cell per run (the newest architecture, the first dtype, the smallest head dim), since
+  the typing does not depend on them.
 
 Run it as ``python -m hf_posenc.kernels.compile_lane`` (exit status 1 when any record is flagged). It must
 not run under TRITON_INTERPRET=1 (the kernels are then interpreter objects): ``run_lane_subprocess`` starts
@@ -60,6 +66,7 @@ class LaneRecord:
     shared_limit: int | None = None
     compile_s: float | None = None
     error: str | None = None
+    fp64_scalars: str | None = None  # None: not checked; "ok"; or the compile error with fp64 float arguments
     cubin: str | None = None
     problems: list[str] = field(default_factory=list)
 
@@ -81,10 +88,12 @@ def _judge(rec: LaneRecord) -> None:
     if rec.error is not None:
         rec.problems.append(f"compile failed: {rec.error}")
         return
-    if rec.spills > 0 and rec.head_dim <= SPILL_FREE_MAX_HEAD_DIM:
+    if rec.spills > 0 and rec.head_dim <= SPILL_FREE_MAX_HEAD_DIM and rec.dtype != "float32":
         rec.problems.append(f"register spills: {rec.spills} bytes (STACK {rec.stack}, LOCAL {rec.local})")
     if rec.shared > rec.shared_limit:
         rec.problems.append(f"shared memory {rec.shared} B > sm_{rec.arch} limit {rec.shared_limit} B")
+    if rec.fp64_scalars not in (None, "ok"):
+        rec.problems.append(f"compile failed with fp64 float arguments (torch.compile): {rec.fp64_scalars}")
 
 
 def _describe(exc: BaseException) -> str:
@@ -101,8 +110,10 @@ def _plain(v):
     return v if isinstance(v, (bool, int, float, str)) or v is None else repr(v)
 
 
-def run_job(family: str, arch: int, dtype: str, head_dim: int, cubin_dir: str | None = None) -> list[dict]:
-    """Plan and compile one (family, arch, dtype, head dim) cell; returns LaneRecord dicts."""
+def run_job(family: str, arch: int, dtype: str, head_dim: int, cubin_dir: str | None = None,
+            fp64_scalars: bool = False) -> list[dict]:
+    """Plan and compile one (family, arch, dtype, head dim) cell; returns LaneRecord dicts. With `fp64_scalars`
+    each binary is compiled a second time with its fp32 scalar arguments typed fp64 (Inductor's typing)."""
     import torch
 
     from ._triton import SHARED_LIMIT, Target, compile_inputs, resources
@@ -139,6 +150,8 @@ def run_job(family: str, arch: int, dtype: str, head_dim: int, cubin_dir: str | 
         rec.compile_s = round(time.perf_counter() - t0, 2)
         res = resources(compiled)
         rec.registers, rec.stack, rec.local, rec.shared = res.registers, res.stack, res.local, res.shared
+        if fp64_scalars:
+            rec.fp64_scalars = _compile_fp64_scalars(src, gpu, options)
         if cubin_dir is not None:
             variant = "-".join(f"{k}{v}" for k, v in sorted(rec.constexprs.items()) if k in ("LINEAR",))
             name = f"{spec.name}-sm{arch}-{dtype}-d{head_dim}{'-' + variant if variant else ''}-{key[:8]}.cubin"
@@ -150,6 +163,19 @@ def run_job(family: str, arch: int, dtype: str, head_dim: int, cubin_dir: str | 
         _judge(rec)
         out.append(asdict(rec))
     return out
+
+
+def _compile_fp64_scalars(src, gpu, options: dict) -> str:
+    """Compile `src` again with every fp32 scalar argument typed fp64; "ok" or the error."""
+    import triton
+    from triton.compiler import ASTSource
+
+    signature = {k: "fp64" if v == "fp32" else v for k, v in src.signature.items()}
+    try:
+        triton.compile(ASTSource(src.fn, signature, dict(src.constants), src.attrs), target=gpu, options=options)
+    except Exception as exc:  # the compile error is the finding
+        return _describe(exc)
+    return "ok"
 
 
 def _run_job_args(args: tuple) -> list[dict]:
@@ -166,8 +192,9 @@ def run_lane(families=FAMILIES, archs=(80, 90), dtypes=DTYPES, head_dims=HEAD_DI
                            "objects then); use run_lane_subprocess, which removes the variable")
     if cubin_dir is not None:
         Path(cubin_dir).mkdir(parents=True, exist_ok=True)
-    cells = [(f, a, d, h, cubin_dir) for h in sorted(head_dims, reverse=True) for f in families for a in archs
-             for d in dtypes]
+    scalar_cell = (max(archs), dtypes[0], min(head_dims))  # where the fp64-argument compile runs (module doc)
+    cells = [(f, a, d, h, cubin_dir, (a, d, h) == scalar_cell) for h in sorted(head_dims, reverse=True)
+             for f in families for a in archs for d in dtypes]
     jobs = max(1, min(jobs or os.cpu_count() or 1, len(cells)))
     for family in families:  # import once here: forked workers inherit the modules (and torch, triton)
         _load_family(family)

@@ -23,18 +23,19 @@ from .naive import TapaArgs
 _TILES = {
     "sm90": {64: (16, 128, 4, 2), 128: (16, 64, 4, 1), 256: (16, 64, 4, 1)},
     "sm80": {64: (16, 128, 4, 2), 128: (16, 128, 4, 2), 256: (16, 64, 4, 1)},
+    "fp32": {64: (16, 64, 4, 1), 128: (16, 32, 4, 1), 256: (16, 16, 4, 1)},  # fp32 inputs: `table_row`
 }
 
 # (launch name, layout, tile, O or its partials, LSE or its partials) -> the forward kernel's launch
 ForwardSpec = Callable[[str, ForwardLayout, Tile, torch.Tensor, torch.Tensor], LaunchSpec]
 
 
-def tile(target: Target, width: int) -> Tile:
+def tile(target: Target, width: int, itemsize: int = 2) -> Tile:
     """Decode tile for a target and padded row width (buckets up to 64, up to 128, larger; the sm_90 table for
-    Hopper and newer, the sm_80 table otherwise); 16 × 16 in the interpreter."""
+    Hopper and newer, the sm_80 table otherwise, the fp32 table for fp32 inputs); 16 × 16 in the interpreter."""
     if target.interpreter:
         return INTERPRETER_TILE
-    return Tile(*table_row(_TILES, target, width))
+    return Tile(*table_row(_TILES, target, width, itemsize))
 
 
 def plan_decode(q: torch.Tensor, k: torch.Tensor, args: TapaArgs, target: Target, width: int,
@@ -42,7 +43,7 @@ def plan_decode(q: torch.Tensor, k: torch.Tensor, args: TapaArgs, target: Target
     """Launch plan of a decode forward: (specs, O [B, Hq, Lq, D], LSE [B, Hq, Lq] base 2, +inf for rows without
     a visible key): the forward launch "tapa_decode", then the split combine when the keys are split."""
     B, H, Lq, D = q.shape
-    t = tile(target, width)
+    t = tile(target, width, q.element_size())
     layout = ForwardLayout.split_k(target, B, k.shape[1], args.group, Lq, k.shape[2], t)
     o = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)

@@ -66,6 +66,7 @@ from .._triton import (
     cos_turns,
     dot_precision,
     exp2,
+    fp32,
     interpreting,
     jit_runtime_ints,
     launch_all,
@@ -233,6 +234,8 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
     O's dtype) and the base-2 LSE of its split; rows without a visible key get O = 0 and LSE = lse_empty (−inf
     for split partials, which the combine weighs by 2^LSE; +inf in the final LSE, so the backward's P = 0).
     LAZY (lazy rescaling) is on for prefill, off for decode lengths."""
+    # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
+    alpha, log2_cp, c_a2, lse_empty = fp32(alpha), fp32(log2_cp), fp32(c_a2), fp32(lse_empty)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(2)
     b64, kvh64, row_ok, head64, qi, qi_lo, qi_hi = packed_rows(pid_m, tl.program_id(1), H_PROG, GP, GROUP, R, Lq,
@@ -358,6 +361,8 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
     """dK, dV of one key block of one kv head, summed over the group's query heads and query blocks. With
     FUSE_DQ the same tiles also give dQ (atomic fp32 adds into DQ, which the host scales and casts), so the
     scores, cos and sin are computed once per score element for the whole backward."""
+    # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
+    alpha, log2_cp, c_a, c_a2 = fp32(alpha), fp32(log2_cp), fp32(c_a), fp32(c_a2)
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)
     b64 = (pid_bkv // HKV).to(tl.int64)
@@ -468,6 +473,8 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
                         DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
     """dQ of one query block of one query head, looping over the visible key blocks."""
+    # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
+    alpha, log2_cp, c_a, c_a2 = fp32(alpha), fp32(log2_cp), fp32(c_a), fp32(c_a2)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b64 = (pid_bh // H).to(tl.int64)
@@ -547,6 +554,11 @@ _TILES = {
         128: dict(fwd=(128, 32, 8, 2), dkdv=(16, 64, 4, 1), dq=(128, 32, 8, 1)),
         256: dict(fwd=(64, 64, 8, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
+    "fp32": {  # fp32 inputs ("ieee" dots on the FMA units): small tiles so shared memory fits; they spill
+        64: dict(fwd=(64, 32, 4, 1), dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1)),
+        128: dict(fwd=(64, 32, 8, 1), dkdv=(16, 32, 4, 1), dq=(32, 16, 4, 1)),
+        256: dict(fwd=(32, 16, 4, 1), dkdv=(16, 16, 4, 1), dq=(16, 16, 4, 1)),
+    },
 }
 
 
@@ -556,16 +568,16 @@ def row_width(args: TapaArgs, head_dim: int) -> int:
     return max(pow2(args.amp_dims) + (0 if args.linear else pow2(args.phase_dims)), pow2(head_dim))
 
 
-def tiles(target: Target, width: int) -> dict[str, Tile]:
+def tiles(target: Target, width: int, itemsize: int = 2) -> dict[str, Tile]:
     """Tile / warp / stage choice per kernel ("fwd", fused "bwd" where it pays, two-kernel "dkdv" + "dq"; decode:
     `decode.tile`) for a target and padded row width (`row_width`: the head dim at θ = 0.5 for power-of-two head
     dims; larger when θ·D is not a power of two, since the register footprint follows the padded tiles).
     Interpreter: 16-wide tiles so small tests cross several blocks. GPUs: the sm_90 table for Hopper and newer,
-    the sm_80 table otherwise; widths up to 64, up to 128, and larger (GPU-legal everywhere: powers of two,
-    dot extents >= 16)."""
+    the sm_80 table otherwise, the fp32 table for fp32 inputs (`itemsize` 4, `table_row`); widths up to 64, up to
+    128, and larger (GPU-legal everywhere: powers of two, dot extents >= 16)."""
     if target.interpreter:
         return dict.fromkeys(("fwd", "bwd", "dkdv", "dq"), INTERPRETER_TILE)
-    return {k: Tile(*v) for k, v in table_row(_TILES, target, width).items()}
+    return {k: Tile(*v) for k, v in table_row(_TILES, target, width, itemsize).items()}
 
 
 @dataclass
@@ -628,7 +640,7 @@ class _Inputs:
                     KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32), **sums,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
                     alpha=args.alpha, log2_cp=self.log2_cp, DA=args.amp_dims, DP=args.phase_dims,
-                    LINEAR=args.linear, FAST=target.fast_math)
+                    LINEAR=args.linear, FAST=target.fast_math(q.dtype))
 
 
 def _forward_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target,
@@ -658,7 +670,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaAr
         return plan_decode(q, k, args, target, row_width(args, D), forward)
     o = torch.empty((B, H, Lq, D), dtype=q.dtype, device=q.device)
     lse = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
-    tile = tiles(target, row_width(args, D))["fwd"]
+    tile = tiles(target, row_width(args, D), q.element_size())["fwd"]
     return [forward("tapa_fwd", ForwardLayout.prefill(H, Lq, k.shape[2], tile), tile, o, lse)], o, lse
 
 
@@ -700,7 +712,7 @@ def plan_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Te
     HKV, Lk = k.shape[1], k.shape[2]
     delta = torch.empty((B, H, Lq), dtype=torch.float32, device=q.device)
     dk, dv = torch.empty_like(k), torch.empty_like(v)
-    cfg = tiles(target, row_width(args, D))
+    cfg = tiles(target, row_width(args, D), q.element_size())
     deterministic = deterministic or "bwd" not in cfg
     if deterministic:
         dq = torch.empty_like(q)

@@ -23,18 +23,19 @@ from .naive import TapeArgs
 _TILES = {
     "sm90": {128: (16, 128, 4, 2), 256: (16, 64, 4, 2), 512: (16, 32, 4, 2)},
     "sm80": {128: (16, 128, 4, 2), 256: (16, 128, 4, 2), 512: (16, 32, 4, 2)},
+    "fp32": {128: (16, 64, 4, 1), 256: (16, 32, 4, 1), 512: (16, 16, 4, 1)},  # fp32 inputs: `table_row`
 }
 
 # (launch name, layout, tile, O, Ẽ, LSE or their partials) -> the forward kernel's launch
 ForwardSpec = Callable[[str, ForwardLayout, Tile, torch.Tensor, torch.Tensor, torch.Tensor], LaunchSpec]
 
 
-def tile(target: Target, block_d: int, block_de: int) -> Tile:
+def tile(target: Target, block_d: int, block_de: int, itemsize: int = 2) -> Tile:
     """Decode tile for a target and the padded widths of V and E (buckets by their sum; the sm_90 table for
-    Hopper and newer, the sm_80 table otherwise); 16 × 16 in the interpreter."""
+    Hopper and newer, the sm_80 table otherwise, the fp32 table for fp32 inputs); 16 × 16 in the interpreter."""
     if target.interpreter:
         return INTERPRETER_TILE
-    return Tile(*table_row(_TILES, target, block_d + block_de))
+    return Tile(*table_row(_TILES, target, block_d + block_de, itemsize))
 
 
 def plan_decode(q: torch.Tensor, args: TapeArgs, target: Target, forward: ForwardSpec
@@ -42,7 +43,7 @@ def plan_decode(q: torch.Tensor, args: TapeArgs, target: Target, forward: Forwar
     """Launch plan of a decode forward: (specs, o, e_out, lse) as `triton_tape.plan_forward` returns them: the
     forward launch "tape_decode", then the split combine when the keys are split."""
     B, Hq, Lq, D, De = args.batch, args.q_heads, args.q_len, args.head_dim, args.e_dim
-    t = tile(target, pow2(D), pow2(De))
+    t = tile(target, pow2(D), pow2(De), q.element_size())
     layout = ForwardLayout.split_k(target, B, args.kv_heads, args.group, Lq, args.k_len, t)
     lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
     if layout.splits == 1:

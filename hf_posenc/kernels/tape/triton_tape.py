@@ -54,6 +54,7 @@ from .._triton import (
     dot_precision,
     exp2,
     finite_max,
+    fp32,
     interpreting,
     jit_runtime_ints,
     launch_all,
@@ -150,6 +151,8 @@ def _tape_fwd_kernel(
     Writes normalised O, Ẽ and the base-2 LSE of its split; rows without a visible key get zeros and LSE =
     lse_empty (−inf for split partials, +inf in the final LSE so that the backward's P = 0). LAZY (lazy
     rescaling) is on for prefill, off for decode lengths."""
+    # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
+    qk_scale, lse_empty = fp32(qk_scale), fp32(lse_empty)
     pid_s = tl.program_id(2)
     b64, kvh64, row_ok, head64, qi, qi_lo, qi_hi = packed_rows(tl.program_id(0), tl.program_id(1), H_PROG, GP, GROUP,
                                                                R, Lq, BLOCK_M)
@@ -250,6 +253,8 @@ def _tape_bwd_dkdv_kernel(
     """dk, dv, de of one key block of one KV head, summed over the group's query heads and all query blocks.
 
     dK/dV/dE are written contiguous [B, Hkv, Lk, ·]."""
+    # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
+    qk_scale, scale = fp32(qk_scale), fp32(scale)
     pid_n = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b64 = (pid_bh // Hkv).to(tl.int64)
@@ -339,6 +344,8 @@ def _tape_bwd_dq_kernel(
     D_MASK: tl.constexpr, DE_MASK: tl.constexpr, DOT_PREC: tl.constexpr, FAST: tl.constexpr,
 ):
     """dq of one query block of one query head, looping over the visible key blocks. dQ is contiguous."""
+    # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
+    qk_scale, scale = fp32(qk_scale), fp32(scale)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b64 = (pid_bh // Hq).to(tl.int64)
@@ -401,16 +408,22 @@ _TILES = {
         256: dict(fwd=(64, 64, 8, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 2)),
         512: dict(fwd=(64, 64, 8, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
+    "fp32": {  # fp32 inputs ("ieee" dots on the FMA units): small tiles so shared memory fits; they spill
+        128: dict(fwd=(64, 32, 4, 1), dkdv=(32, 32, 4, 1), dq=(32, 32, 4, 1)),
+        256: dict(fwd=(32, 32, 4, 1), dkdv=(16, 32, 4, 1), dq=(32, 16, 4, 1)),
+        512: dict(fwd=(32, 16, 4, 1), dkdv=(16, 16, 4, 1), dq=(16, 16, 4, 1)),
+    },
 }
 
 
-def tiles(target: Target, block_d: int, block_de: int) -> dict[str, Tile]:
+def tiles(target: Target, block_d: int, block_de: int, itemsize: int = 2) -> dict[str, Tile]:
     """Tile / warp / stage choice per kernel ("fwd", "dkdv", "dq"; decode: `decode.tile`) for a target and the
     padded widths of V and E (their sum sets the accumulator width). Interpreter: 16-wide tiles so small tests
-    cross several blocks. GPUs: the sm_90 table for Hopper and newer, the sm_80 table otherwise."""
+    cross several blocks. GPUs: the sm_90 table for Hopper and newer, the sm_80 table otherwise, the fp32 table
+    for fp32 inputs (`itemsize` 4, `table_row`)."""
     if target.interpreter:
         return dict.fromkeys(("fwd", "dkdv", "dq"), INTERPRETER_TILE)
-    return {k: Tile(*v) for k, v in table_row(_TILES, target, block_d + block_de).items()}
+    return {k: Tile(*v) for k, v in table_row(_TILES, target, block_d + block_de, itemsize).items()}
 
 
 def _common(q, k, v, e, args: TapeArgs, target: Target) -> dict:
@@ -422,7 +435,7 @@ def _common(q, k, v, e, args: TapeArgs, target: Target) -> dict:
                 **dict(zip(("sqb", "sqh", "sql"), strides(q))), **dict(zip(("skb", "skh", "skl"), strides(k))),
                 **dict(zip(("svb", "svh", "svl"), strides(v))), **dict(zip(("seb", "seh", "sel"), strides(e))),
                 D=args.head_dim, DE=args.e_dim, causal=int(args.causal), has_kpm=int(has_kpm),
-                qk_scale=args.scale * LOG2E, FAST=target.fast_math)
+                qk_scale=args.scale * LOG2E, FAST=target.fast_math(q.dtype))
 
 
 def _forward_spec(q, k, v, e, args: TapeArgs, target: Target, name: str, layout: ForwardLayout, tile: Tile,
@@ -449,7 +462,7 @@ def plan_forward(q, k, v, e, args: TapeArgs, target: Target
     forward = partial(_forward_spec, q, k, v, e, args, target)
     if use_decode_path(Lq):
         return plan_decode(q, args, target, forward)
-    tile = tiles(target, pow2(D), pow2(De))["fwd"]
+    tile = tiles(target, pow2(D), pow2(De), q.element_size())["fwd"]
     o = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
     eo = torch.empty(B, Hq, Lq, De, device=q.device, dtype=q.dtype)
     lse = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
@@ -461,7 +474,7 @@ def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, target: Targe
     """Launch plan of the exact backward: (specs, dq, dk, dv, de). do, deo, o, eo, lse must be contiguous."""
     B, Hq, Hkv, Lq, Lk, D, De = (args.batch, args.q_heads, args.kv_heads, args.q_len, args.k_len,
                                  args.head_dim, args.e_dim)
-    cfg = tiles(target, pow2(D), pow2(De))
+    cfg = tiles(target, pow2(D), pow2(De), q.element_size())
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
     dq = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
     dk = torch.empty(B, Hkv, Lk, D, device=q.device, dtype=k.dtype)
