@@ -102,7 +102,7 @@ def plan_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, target: Targ
         dict(Q=q, K=k, V=v, O=o, **dict(zip(("sqb", "sqh", "sql"), strides(q))),
              **dict(zip(("skb", "skh", "skl"), strides(k))), **dict(zip(("svb", "svh", "svl"), strides(v))),
              **dict(zip(("sob", "soh", "sol"), strides(o))), H=H, GROUP=H // k.shape[1], Lq=Lq, Lk=k.shape[2],
-             qk_scale=D ** -0.5 * LOG2E, D=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, FAST=target.fast_math(q.dtype)),
+             qk_scale=D ** -0.5 * LOG2E, D=D, BLOCK_M=t.block_m, BLOCK_N=t.block_n, FAST=target.fast_math),
         num_warps=t.num_warps, num_stages=t.num_stages,
     )
     return spec, o

@@ -18,8 +18,10 @@ of the size of a typical row in rows whose exact gradient nearly cancels (a quer
 
 Tolerances per dtype (TOLERANCES) sit 5–10× above what rounding alone costs: emulating in float64 a
 kernel that rounds P, Δ's O and dS to the input dtype before the products and rounds its outputs gives, at
-L = 1024, D = 128, causal TAPA: bf16 2e-3 (output) / 3.4e-3 (dq), fp16 2.5e-4 / 1.6e-3. fp32 runs only in
-the interpreter (exact "ieee" dots), where errors stay below 4e-5.
+L = 1024, D = 128, causal TAPA: bf16 2e-3 (output) / 3.4e-3 (dq), fp16 2.5e-4 / 1.6e-3. fp32 (exact "ieee"
+dots): below 5e-5, except where TAPA's phase argument c_P·d^α·p spans hundreds of turns (non-causal, α = 0.5,
+1024 keys: its fp32 rounding moves the cosine), where the readable reference evaluated in fp32 is itself
+1.2e-4 (output) / 3.6e-4 (dq) off float64, and an H200 measured 1.4e-4 / 4.2e-4.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from typing import Callable
 import torch
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-TOLERANCES = {"fp32": 1e-4, "fp16": 5e-3, "bf16": 2e-2}
+TOLERANCES = {"fp32": 2e-3, "fp16": 5e-3, "bf16": 2e-2}
 OUTPUT_FLOOR = 0.05  # f of the row-relative error for outputs
 GRADIENT_FLOOR = 1.0  # ... and for input gradients
 KERNELS = ("tapa", "tapa_chunked", "tape")

@@ -640,7 +640,7 @@ class _Inputs:
                     KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32), **sums,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
                     alpha=args.alpha, log2_cp=self.log2_cp, DA=args.amp_dims, DP=args.phase_dims,
-                    LINEAR=args.linear, FAST=target.fast_math(q.dtype))
+                    LINEAR=args.linear, FAST=target.fast_math)
 
 
 def _forward_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target,

@@ -435,7 +435,7 @@ def _common(q, k, v, e, args: TapeArgs, target: Target) -> dict:
                 **dict(zip(("sqb", "sqh", "sql"), strides(q))), **dict(zip(("skb", "skh", "skl"), strides(k))),
                 **dict(zip(("svb", "svh", "svl"), strides(v))), **dict(zip(("seb", "seh", "sel"), strides(e))),
                 D=args.head_dim, DE=args.e_dim, causal=int(args.causal), has_kpm=int(has_kpm),
-                qk_scale=args.scale * LOG2E, FAST=target.fast_math(q.dtype))
+                qk_scale=args.scale * LOG2E, FAST=target.fast_math)
 
 
 def _forward_spec(q, k, v, e, args: TapeArgs, target: Target, name: str, layout: ForwardLayout, tile: Tile,
