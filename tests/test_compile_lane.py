@@ -1,6 +1,8 @@
 """Compile lane: every Triton entry kernel, as its host code plans it (hf_posenc.kernels.*.lane_specs),
 compiled for A100 (sm_80) and H100 (sm_90) in bf16 and fp16 at head dims 64 / 128 / 256, with no GPU. Fails on
-a compile error, on register spills at head dim <= 128 and on shared memory above the architecture's limit.
+a compile error, on register spills at head dim <= 128, on shared memory above the architecture's limit, and on
+a kernel that does not compile with its float arguments typed fp64 (torch.compile's typing; one cell). fp32
+inputs are compiled at head dim 128 in a test of their own (shared memory only: their small tiles spill).
 
 The lane runs in a subprocess without TRITON_INTERPRET (conftest sets it for the kernel tests) and uses the
 Triton cache (TRITON_CACHE_DIR): about 3 minutes on 2 cores from an empty cache, seconds when warm."""
