@@ -33,7 +33,7 @@ from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, StaticCach
 import hf_posenc
 from hf_posenc.schemes.tape import TapeBlock
 
-TOLERANCE = {torch.float32: 1e-2, torch.bfloat16: 6e-2}  # tf32 / bf16 matmuls through four layers
+TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 6e-2}  # H200: fp32 <= 1.9e-6, bf16 <= 2.6e-2 (four layers)
 PROMPT, STEPS, PAD = 200, 24, 37
 DEVICE = "cuda"
 ERRORS = ("forward_padded", "forward_padded_row", "dynamic_cache", "static_cache", "backward_worst")
