@@ -110,8 +110,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tape-attention-update-without-residual", "hf_posenc/schemes/tape/modeling.py",
-        "return e + head_map(self.attn_mix) @ e_tilde",
-        "return head_map(self.attn_mix) @ e_tilde",
+        "return e + mix_heads(head_map(self.attn_mix), e_tilde)",
+        "return mix_heads(head_map(self.attn_mix), e_tilde)",
         (f"{TAPE_EQ}::test_layer_follows_eq_6_to_8",),
         "§3.3: the update is added to E through a residual connection (zero init = the original model)",
     ),

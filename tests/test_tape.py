@@ -8,6 +8,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.schemes.tape import TapeBlock
+from hf_posenc.schemes.tape.modeling import FEW_HEADS, mix_heads
 from tiny import ARCHS, arch_backend_pairs, greedy_without_cache, logits, padded_batch, random_ids, tiny_model
 
 
@@ -63,6 +64,22 @@ def test_head_mixing_really_mixes_heads():
     e_tilde[:, :, 3] = 1.0  # only the last query head carries a state
     out = block.attention_update(e, e_tilde)
     assert torch.all(out[:, :, 0] != 0) and torch.all(out[:, :, 1] != 0)  # both KV heads receive it
+
+
+@pytest.mark.parametrize("source_heads", [4, FEW_HEADS + 4])  # multiply-adds, then matmul
+@pytest.mark.parametrize("per_token", [False, True])  # W_att (eq. 7) or the per-token map of eq. 8
+def test_mix_heads_is_the_head_axis_matmul(source_heads, per_token):
+    g = torch.Generator().manual_seed(source_heads + per_token)
+    x = torch.randn(2, 7, source_heads, 16, generator=g)
+    weight = torch.randn(*((2, 7) if per_token else ()), 3, source_heads, generator=g)
+    expected = torch.einsum("...kj,...jd->...kd", weight.double(), x.double()).float()
+    torch.testing.assert_close(mix_heads(weight, x), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_mix_heads_keeps_matmul_in_half_precision():  # one rounding of an fp32 accumulation, not one per head
+    g = torch.Generator().manual_seed(0)
+    x, weight = torch.randn(1, 5, 4, 8, generator=g).bfloat16(), torch.randn(2, 4, generator=g).bfloat16()
+    assert torch.equal(mix_heads(weight, x), weight @ x)
 
 
 @pytest.mark.parametrize("reentrant", [True, False])
