@@ -12,7 +12,8 @@ import torch
 from hf_posenc.cli import main as cli
 from hf_posenc.kernels import tapa, tape
 from hf_posenc.selftest import SelftestReport, run_selftest
-from hf_posenc.selftest.checks import SHAPES, build_cases, chunked_available, row_relative_error
+from hf_posenc.selftest import checks
+from hf_posenc.selftest.checks import GRADIENTS, SHAPES, build_cases, chunked_available, row_relative_error
 from hf_posenc.selftest.environment import needs_fresh_process, resolve_device
 
 TINY = dict(size="tiny", dtypes=("fp32",), progress=False)
@@ -39,8 +40,10 @@ def test_cpu_selftest_passes_and_writes_the_promised_json(tmp_path):
         assert f"tape/{variant}/D16/fp32" in names
     check = next(c for c in data["checks"] if c["name"] == "tape/causal-gqa/D16/fp32")
     assert set(check["errors"]) == {"o", "e_out", "dq", "dk", "dv", "de"}
-    assert all(0 <= e <= check["tolerance"] for e in check["errors"].values())
-    assert {"name", "kernel", "dtype", "shape", "options", "passed", "tolerance", "errors", "message"} <= set(check)
+    tolerances = {k: check["gradient_tolerance"] if k in GRADIENTS else check["tolerance"] for k in check["errors"]}
+    assert all(0 <= e <= tolerances[k] for k, e in check["errors"].items())
+    assert {"name", "kernel", "dtype", "shape", "options", "passed", "tolerance", "gradient_tolerance", "errors",
+            "message"} <= set(check)
 
     rows = {(r["kernel"], r["mode"], r["candidate"]) for r in data["timing"]}
     for mode in ("fwd", "fwd_bwd"):
@@ -161,3 +164,41 @@ def test_cli_reruns_itself_under_the_interpreter(tmp_path, monkeypatch, capfd):
     assert "fresh process with TRITON_INTERPRET=1" in err and "1/1 checks passed" in out
     data = json.loads(path.read_text())
     assert data["interpreter"] is True and [c["name"] for c in data["checks"]] == ["tape/decode/D16/fp32"]
+
+
+def _dq_error_from_rounded_outputs(case, dtype: torch.dtype) -> float:
+    """The dq error (selftest measure) of an exact TAPE backward whose only rounding is the flash-style one:
+    Δ = rowsum(dO∘O) + rowsum(dẼ∘Ẽ) formed from O and Ẽ rounded to `dtype`; float64 otherwise, on the case's own
+    inputs and cotangents (same generator, same order as the selftest)."""
+    import zlib
+
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()))
+    tensors, extra = checks._inputs(case, gen)
+    q, k, v, e = (t.to(dtype).double() for t in tensors)
+    group = q.shape[1] // k.shape[1]
+    k, v, e = (t.repeat_interleave(group, dim=1) for t in (k, v, e))
+    scale = q.shape[-1] ** -0.5
+    visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()[None, None]
+    visible = visible & extra["key_padding_mask"][:, None, None, :]
+    p = torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf")), dim=-1).nan_to_num()
+    o, e_out = p @ v, p @ e
+    do, de = (torch.randn(t.shape, generator=gen).to(dtype).double() for t in (o, e_out))
+    dp = do @ v.transpose(-1, -2) + de @ e.transpose(-1, -2)
+
+    def dq(o, e_out):
+        delta = (do * o).sum(-1, keepdim=True) + (de * e_out).sum(-1, keepdim=True)
+        return (p * (dp - delta)) @ k * scale
+
+    rounded = (t.to(dtype).double() for t in (o, e_out))
+    return row_relative_error(dq(*rounded), dq(o, e_out), checks.GRADIENT_FLOOR)
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_gradient_tolerance_covers_the_rounding_of_delta(dtype):
+    """The realistic TAPE key-padding case (left padding: many causal rows see few keys) loses this much dq
+    accuracy to Δ formed from rounded outputs alone -- more, in bf16, than the outputs' tolerance. The gradient
+    tolerance must leave the kernel room above it (an H200 measured 1.9e-2 bf16, 2.6e-3 fp16)."""
+    case = next(c for c in build_cases(SHAPES["realistic"], (dtype,), ("tape",)) if c.variant == "key-padding")
+    floor = _dq_error_from_rounded_outputs(case, checks.DTYPES[dtype])
+    assert floor > checks.TOLERANCES[dtype] / 4  # the effect is real: gradients need a tolerance of their own
+    assert 2 * floor <= checks.GRADIENT_TOLERANCES[dtype]

@@ -95,10 +95,12 @@ class SelftestReport:
         width = max(len(c.name) for c in self.checks)
         lines = [f"{'check':<{width}}  result  {'max error':>9}  {'tolerance':>9}  worst"]
         for c in self.checks:
-            worst = max(c.errors, key=lambda k: _sortable(c.errors[k])) if c.errors else "-"
-            err = c.errors.get(worst) if c.errors else None
+            # the tensor closest to (or furthest over) its own tolerance
+            worst = max(c.errors, key=lambda k: _sortable(c.errors[k]) / c.tolerance_of(k)) if c.errors else None
+            err = c.errors[worst] if worst else None
+            tol = c.tolerance_of(worst) if worst else c.tolerance
             lines.append(f"{c.name:<{width}}  {'ok' if c.passed else 'FAIL':<6}  {_num(err, '.2e'):>9}  "
-                         f"{c.tolerance:>9.1e}  {worst}")
+                         f"{tol:>9.1e}  {worst or '-'}")
             if c.message:
                 lines.append(f"{'':<{width}}    -> {c.message.splitlines()[0]}")
         bad = [c.name for c in self.checks if not c.passed]
