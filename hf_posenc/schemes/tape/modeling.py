@@ -146,8 +146,6 @@ class TapeLayerMixin:
         if tape is None:  # the last layer, or the last of its type (Gemma3)
             return x if self is ctx["decoder"].layers[-1] else (x, states)
         e = tape.mlp_update(tape.attention_update(e, e_tilde), m)
-        if states.shape[2] == 1:
-            return x, e[:, :, None]
         states = torch.cat([states[:, :, :t], e[:, :, None], states[:, :, t + 1 :]], dim=2)
         return x, states
 
