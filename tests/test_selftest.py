@@ -168,29 +168,23 @@ def test_cli_reruns_itself_under_the_interpreter(tmp_path, monkeypatch, capfd):
 
 def _dq_error_from_rounded_outputs(case, dtype: torch.dtype) -> float:
     """The dq error (selftest measure) of an exact TAPE backward whose only rounding is the flash-style one:
-    Δ = rowsum(dO∘O) + rowsum(dẼ∘Ẽ) formed from O and Ẽ rounded to `dtype`; float64 otherwise, on the case's own
-    inputs and cotangents (same generator, same order as the selftest)."""
+    Δ = rowsum(dO∘O) + rowsum(dẼ∘Ẽ) formed from O and Ẽ rounded to `dtype`, on the case's own inputs and
+    cotangents (same generator, same order as the selftest). Through the float64 reference: dq = P∘(dP − Δ)·K·scale,
+    so an error δ in Δ moves dq by −δ·(P·K)·scale, and P·K is the reference's output with K as the values."""
     import zlib
 
     gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()))
     tensors, extra = checks._inputs(case, gen)
-    q, k, v, e = (t.to(dtype).double() for t in tensors)
-    group = q.shape[1] // k.shape[1]
-    k, v, e = (t.repeat_interleave(group, dim=1) for t in (k, v, e))
-    scale = q.shape[-1] ** -0.5
-    visible = torch.ones(q.shape[2], k.shape[2], dtype=torch.bool).tril()[None, None]
-    visible = visible & extra["key_padding_mask"][:, None, None, :]
-    p = torch.softmax((q @ k.transpose(-1, -2) * scale).masked_fill(~visible, float("-inf")), dim=-1).nan_to_num()
-    o, e_out = p @ v, p @ e
+    q, k, v, e = (t.to(dtype).double().requires_grad_() for t in tensors)
+    o, e_out = tape.tape_attention_reference(q, k, v, e, **extra)
     do, de = (torch.randn(t.shape, generator=gen).to(dtype).double() for t in (o, e_out))
-    dp = do @ v.transpose(-1, -2) + de @ e.transpose(-1, -2)
-
-    def dq(o, e_out):
-        delta = (do * o).sum(-1, keepdim=True) + (de * e_out).sum(-1, keepdim=True)
-        return (p * (dp - delta)) @ k * scale
-
-    rounded = (t.to(dtype).double() for t in (o, e_out))
-    return row_relative_error(dq(*rounded), dq(o, e_out), checks.GRADIENT_FLOOR)
+    (dq,) = torch.autograd.grad((o, e_out), q, (do, de))
+    with torch.no_grad():
+        rounding = ((do * (o.to(dtype).double() - o)).sum(-1, keepdim=True)
+                    + (de * (e_out.to(dtype).double() - e_out)).sum(-1, keepdim=True))
+        pk, _ = tape.tape_attention_reference(q, k, k, e, **extra)
+        dq_rounded = dq - rounding * pk * q.shape[-1] ** -0.5
+    return row_relative_error(dq_rounded, dq, checks.GRADIENT_FLOOR)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

@@ -76,6 +76,12 @@ def test_mix_heads_is_the_head_axis_matmul(source_heads, per_token):
     torch.testing.assert_close(mix_heads(weight, x), expected, rtol=1e-6, atol=1e-6)
 
 
+def test_mix_heads_refuses_a_weight_that_does_not_match_the_heads():  # the loop would read only J of them
+    for weight in (torch.randn(2, 3), torch.randn(2, 5)):
+        with pytest.raises(ValueError, match="head axis"):
+            mix_heads(weight, torch.randn(1, 5, 4, 8))
+
+
 def test_mix_heads_keeps_matmul_in_half_precision():  # one rounding of an fp32 accumulation, not one per head
     g = torch.Generator().manual_seed(0)
     x, weight = torch.randn(1, 5, 4, 8, generator=g).bfloat16(), torch.randn(2, 4, generator=g).bfloat16()

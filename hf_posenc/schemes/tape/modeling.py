@@ -60,6 +60,9 @@ def mix_heads(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     [K, J]·[J, D] products (or a GEMM J deep), several times slower on CPU (1024 tokens, 2×2 heads: 1.0 ms against
     0.14 ms). Half-precision inputs keep matmul, which accumulates in fp32 and rounds once.
     """
+    if weight.dim() < 2 or x.dim() < 2 or weight.shape[-1] != x.shape[-2]:
+        raise ValueError(f"mix_heads: weight [..., K, J] must have J = x's head axis (x [..., J, D]); got weight "
+                         f"{list(weight.shape)} and x {list(x.shape)}")
     if x.shape[-2] > FEW_HEADS or x.dtype != torch.float32:
         return weight @ x
     out = weight[..., :, 0, None] * x[..., 0, None, :]
