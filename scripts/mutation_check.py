@@ -146,19 +146,19 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tapa-ignores-alpha", "hf_posenc/schemes/tapa/attention.py",
-        'alpha=options["alpha"]', "alpha=0.1",
+        'float(options["alpha"])', "0.1",
         (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
         "eq. 12: the distance exponent α is an option",
     ),
     Mutation(
         "tapa-ignores-theta", "hf_posenc/schemes/tapa/attention.py",
-        'theta=options["theta"]', "theta=0.5",
+        'float(options["theta"])', "0.5",
         (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
         "eq. 11-12: the amplitude/phase split θ is an option",
     ),
     Mutation(
         "tapa-ignores-phase", "hf_posenc/schemes/tapa/attention.py",
-        'phase=options["phase"]', 'phase="quadratic"',
+        'options["phase"], options["backend"]', '"quadratic", options["backend"]',
         (f"{TAPA_EQ}::test_full_pass_follows_eq_12_and_16",),
         "§4.5 eq. 16: phase='linear' is the ablation",
     ),
@@ -354,6 +354,22 @@ MUTATIONS: tuple[Mutation, ...] = (
         "scale, softcap = 1.0, output_logit_transform(self.causal_lm.config)[1]",
         ("tests/test_training.py::test_chunked_loss_reproduces_the_family_head[cohere-config0]",),
         "Cohere's logit_scale and Granite's logits_scaling belong to the head: the chunked loss must apply them",
+    ),
+    # -- static caches under torch.compile --------------------------------------------------------------------------
+    Mutation(
+        "tapa-attention-traced-in-compiled-generation", "hf_posenc/schemes/tapa/attention.py",
+        "attend = tapa_attend.op if compiled_inference() else tapa_attend",
+        "attend = tapa_attend",
+        ("tests/test_static_cache.py::test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_cache",),
+        "compiled generation: the host read of the written slots stays inside one opaque op (no graph break)",
+    ),
+    Mutation(
+        "static-cache-mask-reads-the-offset-on-the-host", "hf_posenc/schemes/masks.py",
+        "    if isinstance(q_offset, torch.Tensor):\n",
+        "    if False:\n",
+        ("tests/test_static_cache.py::test_static_cache_key_states_mark_padding_and_unwritten_slots",
+         "tests/test_static_cache.py::test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_cache"),
+        "a static cache's mask is built from its tensor offset with tensor operations (no recompilation per step)",
     ),
     # -- experiments and their measurements -------------------------------------------------------------------------
     Mutation(

@@ -93,3 +93,48 @@ def test_static_cache_with_a_left_padded_batch_equals_the_dynamic_cache(scheme):
     assert torch.equal(static.sequences, dynamic.sequences)
     for a, b in zip(static.logits, dynamic.logits):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("scheme", ["tapa", "tape-triton"])
+def test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_cache(scheme):
+    """What ``generate(cache_implementation="static")`` compiles on CUDA (torch.compile of the decoding step), forced
+    on CPU: the whole step is one graph (``fullgraph=True`` raises on any graph break; the number of written slots
+    is read inside the opaque attention op, not by the traced code), it is traced once for every decoding step
+    (no recompilation as the cache fills), and it generates the dynamic cache's tokens on a left-padded batch."""
+    from torch._dynamo.utils import counters
+    from transformers.generation import CompileConfig
+
+    model = static_model("llama", scheme)
+    ids = random_ids(2, PROMPT)
+    mask = torch.ones_like(ids)
+    mask[1, :3] = 0
+    kw = dict(attention_mask=mask, max_new_tokens=3 if scheme.endswith("-triton") else NEW, do_sample=False,
+              pad_token_id=0, eos_token_id=None)
+    dynamic = model.generate(ids, **kw)
+    config = CompileConfig(fullgraph=True, mode="default")
+    config._compile_all_devices = True  # Transformers compiles on CPU only when asked (its testing switch)
+    torch._dynamo.reset()
+    counters.clear()
+    static = model.generate(ids, cache_implementation="static", compile_config=config, **kw)
+    assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
+    assert not counters["graph_break"]
+    assert torch.equal(static, dynamic)
+
+
+def test_static_cache_key_states_mark_padding_and_unwritten_slots():
+    """The mask of a static cache's slots (a tensor ``q_offset``): real, padding and unwritten keys, built without
+    reading the offset on the host; ``written_keys`` keeps the written slots with their padding mask."""
+    from hf_posenc.schemes.masks import KEY_PADDING, KEY_REAL, KEY_UNWRITTEN, padding_mask, written_keys
+
+    mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # 4 past tokens and the current one
+    states = padding_mask(2, 1, 8, q_offset=torch.tensor(4), attention_mask=mask)
+    r, p, u = KEY_REAL, KEY_PADDING, KEY_UNWRITTEN
+    assert states.dtype == torch.int8
+    assert states.tolist() == [[p, p, r, r, r, u, u, u], [r, r, r, r, r, u, u, u]]
+    assert padding_mask(1, 2, 4, q_offset=torch.tensor(1)).tolist() == [[r, r, r, u]]  # no mask: every key real
+    k = torch.randn(2, 1, 8, 4)
+    key, value, padding = written_keys(k, k + 1, states)
+    assert torch.equal(key, k[:, :, :5]) and torch.equal(value, k[:, :, :5] + 1)
+    assert padding.tolist() == (mask == 1).tolist()
+    with pytest.raises(ValueError, match="pass the mask of every past and current token"):
+        padding_mask(2, 1, 8, q_offset=torch.tensor(5), attention_mask=mask)

@@ -2,14 +2,20 @@
 attention (TAPA, TAPE's fused kernel): Transformers hands them only the 2-D key padding mask of the written keys.
 
 :func:`padding_mask` is registered with ``AttentionMaskInterface`` under each such scheme's attention name;
-:func:`written_keys` is what their attention functions call first.
+:func:`written_keys` is what their attention functions call first; :func:`opaque_op` wraps what follows it for
+``torch.compile``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import itertools
+import re
+from typing import Any, Callable
 
 import torch
+
+# Key states of a static cache's mask (int8): what each preallocated slot holds
+KEY_REAL, KEY_PADDING, KEY_UNWRITTEN = 1, 0, -1
 
 
 def padding_mask(
@@ -26,39 +32,98 @@ def padding_mask(
     function cannot see: without a mask, TAPA packs by position ids with or without a cache.)
 
     A static cache hands attention all of its preallocated slots (``kv_length``), of which only the first
-    ``q_offset − kv_offset + q_length`` hold keys: the past ones and the current queries'. The mask then always
-    exists and covers only those written keys; :func:`written_keys` drops the rest, so the queries sit at the end
-    of the keys exactly as with a dynamic cache.
+    ``q_offset − kv_offset + q_length`` hold keys: the past ones and the current queries'. Its layers pass
+    ``q_offset`` as a tensor, so that a compiled forward has the same shapes at every step; the mask is then an
+    int8 tensor [B, kv_length] of key states (:data:`KEY_REAL`, :data:`KEY_PADDING`, :data:`KEY_UNWRITTEN`) built
+    with tensor operations only (no host read, no recompilation per step), and :func:`written_keys` keeps the
+    written slots, so the queries sit at the end of the keys exactly as with a dynamic cache.
     """
     if q_offset is None:  # Transformers passes it since 5.18 (where the query sits in the cache)
         raise RuntimeError("padding_mask: Transformers did not pass q_offset; this Transformers version is not "
                            "supported by hf-posenc's TAPA/TAPE attention (install the version in its requirements).")
-    written = int(q_offset) - kv_offset + q_length
+    if isinstance(q_offset, torch.Tensor):
+        return _static_key_states(batch_size, q_length, kv_length, q_offset, kv_offset, attention_mask, device)
+    written = q_offset - kv_offset + q_length
     if attention_mask is None:
         return None if written >= kv_length else torch.ones(batch_size, written, dtype=torch.bool, device=device)
-    if attention_mask.shape[-1] < kv_offset + written:
-        raise ValueError(
-            f"attention_mask covers {attention_mask.shape[-1]} tokens but the cache and the input hold "
-            f"{kv_offset + written}; pass the mask of every past and current token."
-        )
+    _check_mask_covers(attention_mask, kv_offset + written)
     # kept even when every key is real: a caller's mask says "one sequence", so position jumps are not read as
     # packed documents (Transformers' rule: packing is inferred only without a mask)
     return attention_mask[:, kv_offset : kv_offset + written].bool()
+
+
+def _check_mask_covers(attention_mask: torch.Tensor, tokens: int) -> None:
+    if attention_mask.shape[-1] < tokens:
+        raise ValueError(
+            f"attention_mask covers {attention_mask.shape[-1]} tokens but the cache and the input hold "
+            f"{tokens}; pass the mask of every past and current token."
+        )
+
+
+def _static_key_states(batch_size: int, q_length: int, kv_length: int, q_offset: torch.Tensor, kv_offset: int,
+                       attention_mask: torch.Tensor | None, device) -> torch.Tensor:
+    """int8 key states [B, kv_length] of a static cache's slots (:func:`padding_mask`)."""
+    end = q_offset.to(device) + q_length  # tokens written once the current queries are: past and current
+    slots = torch.arange(kv_offset, kv_offset + kv_length, device=device)
+    written = (slots < end)[None].expand(batch_size, -1)
+    if attention_mask is None:
+        real = written
+    else:
+        if not torch.compiler.is_compiling():  # eager: the host may read the offset (a compiled step may not)
+            _check_mask_covers(attention_mask, int(end))
+        short = kv_offset + kv_length - attention_mask.shape[-1]
+        real = torch.nn.functional.pad(attention_mask.bool(), (0, max(short, 0)))[:, kv_offset : kv_offset + kv_length]
+    states = torch.where(real, KEY_REAL, KEY_PADDING).to(torch.int8)
+    return states.masked_fill(~written, KEY_UNWRITTEN)
 
 
 def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """Keys and values an attention function may read, and their padding mask (``None``: no padding).
 
-    ``attention_mask`` comes from :func:`padding_mask`. When it is shorter than the keys, the cache is static and the
-    slots after the mask are not written yet: they are dropped, so the queries are the last keys again.
+    ``attention_mask`` comes from :func:`padding_mask`: a bool mask of the written keys (a dynamic cache, or a
+    static one whose mask is shorter than its slots), or a static cache's int8 key states, whose unwritten slots
+    are dropped here (a host read of their count), so the queries are the last keys again.
     """
     if attention_mask is None:
         return key, value, None
     if attention_mask.dim() != 2:
         raise ValueError("got a 4-D attention mask; this attention builds its own mask from the 2-D padding mask.")
+    if attention_mask.dtype == torch.int8:  # a static cache's key states
+        written_slots = attention_mask[0] != KEY_UNWRITTEN
+        attention_mask = attention_mask[:, : int(written_slots.sum())] == KEY_REAL
     written = attention_mask.shape[-1]
     if written > key.shape[2]:
         raise ValueError(f"the padding mask covers {written} keys but attention received {key.shape[2]}.")
     key, value = key[:, :, :written], value[:, :, :written]
     return key, value, None if bool(attention_mask.all()) else attention_mask
+
+
+def opaque_op(name: str, fake: Callable[..., torch.Tensor]) -> Callable[[Callable], Callable]:
+    """Decorator: the attention body after the mask, as a custom op that ``torch.compile`` calls as one opaque
+    node (what a compiled static-cache ``generate`` runs), with ``fake`` giving its output's shape.
+
+    The body reads the number of written slots on the host (:func:`written_keys`) and plans kernel launches from
+    the sizes; traced, that would break the graph and recompile at every decoding step. As an op it is one call
+    whose output shape does not depend on the data. It is tagged unsafe for CUDA graphs (it reads the host), so
+    Inductor leaves it outside the graphs it captures. The op's name carries the defining module, so the
+    installed package and a checkpoint's remote code (a copy of these modules) register distinct ops. The
+    decorated function stays a plain function; callers use ``fn.op`` where they need the op.
+    """
+    def wrap(fn: Callable) -> Callable:
+        base = name + "_" + re.sub(r"\W", "_", fn.__module__)
+        qualified = next(f"hf_posenc::{base}{n or ''}" for n in itertools.count()  # a reloaded module: a new op
+                         if not hasattr(torch.ops.hf_posenc, f"{base}{n or ''}"))
+        tags = (torch._C.Tag.cudagraph_unsafe,) if hasattr(torch._C.Tag, "cudagraph_unsafe") else ()
+        op = torch.library.custom_op(qualified, fn, mutates_args=(), tags=tags)
+        op.register_fake(fake)
+        fn.op = op
+        return fn
+
+    return wrap
+
+
+def compiled_inference() -> bool:
+    """True while ``torch.compile`` traces a forward that records no gradients (compiled generation), where the
+    attention runs through its :func:`opaque_op`. Compiled training keeps the traced autograd path."""
+    return torch.compiler.is_compiling() and not torch.is_grad_enabled()

@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ..masks import written_keys
+from ..masks import compiled_inference, opaque_op, written_keys
+
 
 def _positions(position_ids: torch.Tensor | None, key_padding: torch.Tensor | None, batch: int, q_len: int,
                kv_len: int, device: torch.device):
@@ -33,28 +34,41 @@ def tapa_attention_forward(
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
     """``AttentionInterface`` entry: eq. 12 on [B, H, L, D] query and [B, Hkv, L, D] key/value (not repeated)."""
-    from transformers.masking_utils import find_packed_sequence_indices
-
     options = module.config.hf_posenc["options"]
     if dropout and module.training:
         raise ValueError("tapa: attention dropout is not supported; set config.attention_dropout = 0.")
     if softcap is not None:
         raise ValueError("tapa: attention-logit soft-capping (Gemma2) does not apply to TAPA scores; set "
                          "config.attn_logit_softcapping = None before patching.")
+    attend = tapa_attend.op if compiled_inference() else tapa_attend
+    out = attend(query, key, value, attention_mask, position_ids, float(options["alpha"]), float(options["theta"]),
+                 options["phase"], options["backend"], sliding_window)
+    return out, None
+
+
+def _attended(query, key, value, attention_mask, position_ids, alpha, theta, phase, backend, sliding_window):
+    return query.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])  # [B, Lq, H, D]
+
+
+@opaque_op("tapa_attend", _attended)
+def tapa_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None,
+                position_ids: torch.Tensor | None, alpha: float, theta: float, phase: str, backend: str,
+                sliding_window: int | None) -> torch.Tensor:
+    """Eq. 12 over the written keys, with positions from the position ids; returns [B, Lq, H, D]."""
+    from transformers.masking_utils import find_packed_sequence_indices
+
     key, value, key_padding = written_keys(key, value, attention_mask)
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
     q_pos, k_pos = _positions(position_ids, key_padding, batch, q_len, kv_len, query.device)
     packed = attention_mask is None and q_len == kv_len and position_ids is not None  # Transformers' rule
     segments = find_packed_sequence_indices(q_pos) if packed else None
-    fn = tapa_function(options["backend"])
     extra = {} if sliding_window is None else {"sliding_window": sliding_window}
-    out = fn(
-        query, key, value, alpha=options["alpha"], theta=options["theta"], phase=options["phase"], causal=True,
-        q_positions=q_pos, k_positions=k_pos, key_padding_mask=key_padding, q_segment_ids=segments,
-        k_segment_ids=segments, **extra,
+    out = tapa_function(backend)(
+        query, key, value, alpha=alpha, theta=theta, phase=phase, causal=True, q_positions=q_pos, k_positions=k_pos,
+        key_padding_mask=key_padding, q_segment_ids=segments, k_segment_ids=segments, **extra,
     )
-    return out.transpose(1, 2).contiguous(), None
+    return out.transpose(1, 2).contiguous()
 
 
 @functools.cache  # runs once per backend, not in every layer's forward

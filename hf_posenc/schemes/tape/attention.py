@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..masks import written_keys
+from ..masks import compiled_inference, opaque_op, written_keys
 
 ATTN_NAME = "hf_posenc_tape"  # the fused kernel's attention function (backend="triton")
 
@@ -123,16 +123,29 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
                                  softcap: float | None = None, position_ids: torch.Tensor | None = None,
                                  **kwargs: Any) -> tuple[torch.Tensor, None]:
     """``AttentionInterface`` entry for ``backend="triton"``: ``value`` is [V | E]; returns [O | Ẽ]."""
-    try:  # remote code bundles no Triton kernels: it runs without this import
-        from ...kernels.tape import tape_attention as fused
-    except ImportError as exc:
-        raise ImportError("tape: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`); "
-                          "or patch with backend='auto'.") from exc
     if sliding_window is not None or softcap is not None:
         raise ValueError("tape: the fused kernel has no sliding window or soft-capping; use backend='auto' for "
                          "this model.")
     if dropout and module.training:
         raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
+    attend = tape_fused_attend.op if compiled_inference() else tape_fused_attend
+    return attend(query, key, value, attention_mask, position_ids, scaling), None
+
+
+def _attended(query, key, value, attention_mask, position_ids, scaling):
+    return value.new_empty(query.shape[0], query.shape[2], query.shape[1], value.shape[-1])  # [B, Lq, H, D + De]
+
+
+@opaque_op("tape_fused_attend", _attended)
+def tape_fused_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                      scaling: float | None) -> torch.Tensor:
+    """[O | Ẽ] (eqs. 6-7) over the written keys through the fused kernel; returns [B, Lq, H, D + De]."""
+    try:  # remote code bundles no Triton kernels: it runs without this import
+        from ...kernels.tape import tape_attention as fused
+    except ImportError as exc:
+        raise ImportError("tape: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`); "
+                          "or patch with backend='auto'.") from exc
     packed = attention_mask is None  # Transformers' rule: jumps in position ids mean packed documents only then
     key, value, key_padding = written_keys(key, value, attention_mask)  # static caches: written slots only
     if packed and position_ids is not None and query.shape[2] == key.shape[2] and position_ids.shape[-1] > 1:
@@ -143,8 +156,8 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
             raise ValueError("tape: the fused kernel does not mask packed sequences; use backend='auto' for them.")
     d = query.shape[-1]
     o, e = fused(query, key, value[..., :d].contiguous(), value[..., d:].contiguous(), scale=scaling,
-                          causal=True, key_padding_mask=key_padding)
-    return torch.cat([o, e.to(o.dtype)], dim=-1).transpose(1, 2).contiguous(), None
+                 causal=True, key_padding_mask=key_padding)
+    return torch.cat([o, e.to(o.dtype)], dim=-1).transpose(1, 2).contiguous()
 
 
 class TapeAttentionMixin:
