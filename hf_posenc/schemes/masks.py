@@ -2,15 +2,12 @@
 attention (TAPA, TAPE's fused kernel): Transformers hands them only the 2-D key padding mask of the written keys.
 
 :func:`padding_mask` is registered with ``AttentionMaskInterface`` under each such scheme's attention name;
-:func:`written_keys` is what their attention functions call first; :func:`opaque_op` wraps what follows it for
-``torch.compile``.
+:func:`written_keys` is what their attention functions call first.
 """
 
 from __future__ import annotations
 
-import itertools
-import re
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -82,48 +79,21 @@ def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.T
     """Keys and values an attention function may read, and their padding mask (``None``: no padding).
 
     ``attention_mask`` comes from :func:`padding_mask`: a bool mask of the written keys (a dynamic cache, or a
-    static one whose mask is shorter than its slots), or a static cache's int8 key states, whose unwritten slots
-    are dropped here (a host read of their count), so the queries are the last keys again.
+    static sliding-window layer, whose offset is an int), or a static cache's int8 key states, whose unwritten
+    slots are dropped here. Either way the host reads one small tensor (how many keys are written, whether any
+    is padding), so the queries are the last keys again.
     """
     if attention_mask is None:
         return key, value, None
     if attention_mask.dim() != 2:
         raise ValueError("got a 4-D attention mask; this attention builds its own mask from the 2-D padding mask.")
-    if attention_mask.dtype == torch.int8:  # a static cache's key states
-        written_slots = attention_mask[0] != KEY_UNWRITTEN
-        attention_mask = attention_mask[:, : int(written_slots.sum())] == KEY_REAL
-    written = attention_mask.shape[-1]
+    if attention_mask.dtype == torch.int8:  # a static cache's key states; unwritten slots are never padding
+        written, padded = torch.stack([(attention_mask[0] != KEY_UNWRITTEN).sum(),
+                                       (attention_mask == KEY_PADDING).any()]).tolist()
+        attention_mask = attention_mask[:, :written] == KEY_REAL
+    else:
+        written, padded = attention_mask.shape[-1], not bool(attention_mask.all())
     if written > key.shape[2]:
         raise ValueError(f"the padding mask covers {written} keys but attention received {key.shape[2]}.")
     key, value = key[:, :, :written], value[:, :, :written]
-    return key, value, None if bool(attention_mask.all()) else attention_mask
-
-
-def opaque_op(name: str, fake: Callable[..., torch.Tensor]) -> Callable[[Callable], Callable]:
-    """Decorator: the attention body after the mask, as a custom op that ``torch.compile`` calls as one opaque
-    node (what a compiled static-cache ``generate`` runs), with ``fake`` giving its output's shape.
-
-    The body reads the number of written slots on the host (:func:`written_keys`) and plans kernel launches from
-    the sizes; traced, that would break the graph and recompile at every decoding step. As an op it is one call
-    whose output shape does not depend on the data. It is tagged unsafe for CUDA graphs (it reads the host), so
-    Inductor leaves it outside the graphs it captures. The op's name carries the defining module, so the
-    installed package and a checkpoint's remote code (a copy of these modules) register distinct ops. The
-    decorated function stays a plain function; callers use ``fn.op`` where they need the op.
-    """
-    def wrap(fn: Callable) -> Callable:
-        base = name + "_" + re.sub(r"\W", "_", fn.__module__)
-        qualified = next(f"hf_posenc::{base}{n or ''}" for n in itertools.count()  # a reloaded module: a new op
-                         if not hasattr(torch.ops.hf_posenc, f"{base}{n or ''}"))
-        tags = (torch._C.Tag.cudagraph_unsafe,) if hasattr(torch._C.Tag, "cudagraph_unsafe") else ()
-        op = torch.library.custom_op(qualified, fn, mutates_args=(), tags=tags)
-        op.register_fake(fake)
-        fn.op = op
-        return fn
-
-    return wrap
-
-
-def compiled_inference() -> bool:
-    """True while ``torch.compile`` traces a forward that records no gradients (compiled generation), where the
-    attention runs through its :func:`opaque_op`. Compiled training keeps the traced autograd path."""
-    return torch.compiler.is_compiling() and not torch.is_grad_enabled()
+    return key, value, attention_mask if padded else None

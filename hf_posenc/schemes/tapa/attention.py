@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from ..masks import compiled_inference, opaque_op, written_keys
+from ..compiled import compiled_inference, opaque_op
+from ..masks import written_keys
 
 
 def _positions(position_ids: torch.Tensor | None, key_padding: torch.Tensor | None, batch: int, q_len: int,

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..masks import compiled_inference, opaque_op, written_keys
+from ..compiled import compiled_inference, opaque_op
+from ..masks import written_keys
 
 ATTN_NAME = "hf_posenc_tape"  # the fused kernel's attention function (backend="triton")
 
