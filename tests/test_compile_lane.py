@@ -5,8 +5,10 @@ a kernel that does not compile with its float arguments typed fp64 (torch.compil
 inputs are compiled at head dim 128 in a test of their own (shared memory only: their small tiles spill).
 
 The lane runs in a subprocess without TRITON_INTERPRET (conftest sets it for the kernel tests) and uses the
-Triton cache (TRITON_CACHE_DIR): about 5.5 minutes on 2 cores from an empty cache (270 binaries), seconds when
-warm; the fp32 test about 2.5 minutes more."""
+Triton cache (TRITON_CACHE_DIR), seeded from tests/compile_lane_cache.tar.xz (binaries under Triton's own cache
+keys: an edited kernel misses and compiles): about 15 seconds. From an empty cache it takes about 5.5 minutes on
+2 cores (270 binaries) and the fp32 test 2.5 minutes more; the seed is audited here by compiling one cell from an
+empty cache and comparing the binaries byte for byte."""
 
 from __future__ import annotations
 
@@ -16,10 +18,13 @@ import pytest
 import torch
 
 from hf_posenc.kernels._triton import INTERPRETER, LaunchSpec, Target, compile_inputs, pow2
-from hf_posenc.kernels.compile_lane import DTYPES, HEAD_DIMS, code_path, run_lane_subprocess
+from hf_posenc.kernels.compile_lane import (DTYPES, HEAD_DIMS, STANDARD_RUNS, code_path, read_cache,
+                                           run_lane_subprocess)
 from hf_posenc.kernels.tapa import triton_tapa
 
 FIXTURES = str(Path(__file__).with_name("lane_fixture_kernels.py"))
+SEED = Path(__file__).with_name("compile_lane_cache.tar.xz")
+REFRESH = "python -m hf_posenc.kernels.compile_lane --write-cache tests/compile_lane_cache.tar.xz"
 
 TAPA_KERNELS = {"tapa_fwd", "tapa_decode", "split_combine", "row_dot", "tapa_bwd", "tapa_bwd_dkdv", "tapa_bwd_dq"}
 TAPE_KERNELS = {"tape_fwd", "tape_decode", "split_combine", "row_dot", "tape_bwd_dkdv", "tape_bwd_dq"}
@@ -27,7 +32,45 @@ TAPE_KERNELS = {"tape_fwd", "tape_decode", "split_combine", "row_dot", "tape_bwd
 
 @pytest.fixture(scope="module")
 def lane():
-    return run_lane_subprocess(timeout=1800)
+    return run_lane_subprocess(timeout=1800, seed=SEED, **STANDARD_RUNS["16-bit"])
+
+
+@pytest.fixture(scope="module")
+def fp32_lane():
+    return run_lane_subprocess(archs=(80, 90), timeout=1200, seed=SEED, **STANDARD_RUNS["fp32"])
+
+
+def test_seed_holds_exactly_the_standard_binaries(lane, fp32_lane):
+    """Every binary the suite compiles comes from the committed seed (so CI does not spend 8 minutes compiling),
+    and the seed holds nothing else. After a kernel change this fails until the seed is refreshed."""
+    records = lane + fp32_lane
+    missed = sorted({f"{r.launches[0]} sm_{r.arch} {r.dtype} D={r.head_dim}" for r in records
+                     if r.error is None and not r.cache_hit})
+    assert not missed, f"{len(missed)} binaries are not in {SEED.name} (refresh it: `{REFRESH}`): {missed[:8]}"
+    used = {k for r in records for k in r.triton_keys}
+    stale = set(read_cache(SEED)) - used
+    assert not stale, f"{len(stale)} binaries in {SEED.name} that no standard run compiles: `{REFRESH}`"
+
+
+def test_seed_binaries_are_what_the_compiler_makes_now(tmp_path):
+    """The seed is audited: one cell (H100, bf16, head dim 64, both families, with the fp64-argument compiles)
+    compiled from an empty Triton cache gives the seed's cache keys and, byte for byte, its binaries."""
+    seed = read_cache(SEED)
+    records = run_lane_subprocess(archs=(90,), dtypes=(DTYPES[0],), head_dims=(min(HEAD_DIMS),), timeout=900,
+                                  cubin_dir=str(tmp_path / "cubins"), cache_dir=str(tmp_path / "empty-cache"))
+    assert len(records) >= 20 and not [r.problems for r in records if r.problems]
+    for r in records:
+        assert r.cache_hit is False and r.triton_keys, r  # compiled here, not read from a cache
+        assert all(k in seed for k in r.triton_keys), (r.launches, r.triton_keys)
+        binary = next(data for name, data in seed[r.triton_keys[0]].items() if name.endswith(".cubin"))
+        assert Path(r.cubin).read_bytes() == binary, (r.launches, r.constexprs)
+
+
+def test_a_damaged_seed_is_refused_with_the_fix(tmp_path):
+    bad = tmp_path / "seed.tar.xz"
+    bad.write_bytes(b"not an archive")
+    with pytest.raises(ValueError, match="--write-cache"):
+        read_cache(bad)
 
 
 def test_every_kernel_compiles_for_a100_and_h100(lane):
@@ -69,11 +112,12 @@ def test_lane_covers_every_entry_kernel_and_flag(lane):
                             assert r.constexprs["IN_PREC"] == "tf32", r.constexprs
 
 
-def test_fp32_inputs_fit_shared_memory():
+def test_fp32_inputs_fit_shared_memory(fp32_lane):
     """fp32 inputs (exact "ieee" dots) take the fp32 tile tables: every kernel compiles for A100 and
     H100 within shared memory at head dim 128 (the 16-bit tiles asked an H200 for 294912 B of its 232448 B in
     TAPE's dQ kernel); their spills are reported, not flagged."""
-    records = run_lane_subprocess(archs=(80, 90), dtypes=("float32",), head_dims=(128,), timeout=1200)
+    records = fp32_lane
+    assert {(r.arch, r.dtype, r.head_dim) for r in records} == {(a, "float32", 128) for a in (80, 90)}
     assert not [(r.launches, r.arch, r.problems) for r in records if r.problems]
     assert all(r.error is None and r.shared <= r.shared_limit for r in records)
     assert {n for r in records for n in r.launches} == (TAPA_KERNELS - {"tapa_bwd"}) | TAPE_KERNELS  # no fused bwd
