@@ -282,14 +282,43 @@ _TRITON_DIR = "<triton>"  # stands for the installed Triton package in archived 
 _ARCHIVED = (".cubin", ".json")  # what a hit needs: the binary and its metadata (no IR, no PTX)
 
 
+_MANIFEST = "manifest.json"  # the Triton build the seed was compiled with
+
+
+def triton_build() -> dict[str, str]:
+    """The Triton build a cache key depends on: its version and the digest of Triton's own key (its compiler
+    source, backends and library: another wheel, or another Python's, gives other keys)."""
+    import hashlib
+
+    import triton
+    from triton.runtime.cache import triton_key
+
+    return {"triton": triton.__version__, "triton_key": hashlib.sha256(triton_key().encode()).hexdigest()}
+
+
+def read_manifest(archive: str | Path) -> dict[str, str]:
+    """The Triton build a seed archive was compiled with (:func:`triton_build` when it was written)."""
+    import tarfile
+
+    try:
+        with tarfile.open(archive, "r:xz") as tar:
+            return json.loads(tar.extractfile(_MANIFEST).read())
+    except (OSError, KeyError, tarfile.TarError, ValueError) as exc:
+        raise ValueError(f"{archive}: not a compile-lane seed archive ({exc}); rewrite it with "
+                         "`python -m hf_posenc.kernels.compile_lane --write-cache ARCHIVE`") from exc
+
+
 def read_cache(archive: str | Path) -> dict[str, dict[str, bytes]]:
     """The entries of a seed archive (:func:`write_cache`): Triton cache key -> {file name: bytes}."""
     import tarfile
 
+    read_manifest(archive)
     entries: dict[str, dict[str, bytes]] = {}
     try:
         with tarfile.open(archive, "r:xz") as tar:
             for member in tar.getmembers():
+                if member.name == _MANIFEST:
+                    continue
                 key, _, name = member.name.partition("/")
                 if not member.isfile() or not key or "/" in name or not name.endswith(_ARCHIVED):
                     raise ValueError(f"unexpected member {member.name!r}")
@@ -309,11 +338,23 @@ def _triton_dir() -> str:
     return str(Path(triton.__file__).parent)
 
 
+def _portable(metadata: bytes) -> bytes:
+    """Triton's metadata with the libraries it linked (extern_libs: absolute paths into the Triton package that
+    compiled it) relative to the Triton package."""
+    meta = json.loads(metadata)
+    meta["extern_libs"] = [[name, f"{_TRITON_DIR}/{Path(path).as_posix().rsplit('/triton/', 1)[-1]}"]
+                           for name, path in meta.get("extern_libs", [])]
+    return json.dumps(meta).encode()
+
+
 def seed_cache(archive: str | Path) -> int:
     """Add the binaries of a seed archive to Triton's cache (TRITON_CACHE_DIR), each under the key Triton
-    computed when it compiled it; entries already cached are left alone. Returns how many were added."""
+    computed when it compiled it; entries already cached are left alone. Returns how many were added (none when
+    the seed was compiled by another Triton build: no key could match)."""
     from triton.runtime.cache import get_cache_manager
 
+    if read_manifest(archive) != triton_build():
+        return 0
     here = _triton_dir()
     added = 0
     for key, files in read_cache(archive).items():
@@ -333,13 +374,12 @@ def seed_cache(archive: str | Path) -> int:
 
 def write_cache(archive: str | Path, records: list[LaneRecord]) -> int:
     """Write the binaries the records compiled (from Triton's cache) to a seed archive, reproducibly (sorted,
-    no timestamps or owners, the local Triton path replaced by a placeholder). Returns the number of entries."""
+    no timestamps or owners, library paths relative to the Triton package). Returns the number of entries."""
     import io
     import tarfile
 
     from triton.runtime.cache import get_cache_manager
 
-    here = _triton_dir()
     keys = sorted({k for r in records for k in r.triton_keys})
     files: dict[str, bytes] = {}
     for key in keys:
@@ -349,8 +389,8 @@ def write_cache(archive: str | Path, records: list[LaneRecord]) -> int:
             raise RuntimeError(f"Triton's cache entry {folder} lacks its binary or metadata: run the lane again")
         for f in found:
             data = f.read_bytes()
-            files[f"{key}/{f.name}"] = data.decode().replace(here, _TRITON_DIR).encode() if f.suffix == ".json" \
-                else data
+            files[f"{key}/{f.name}"] = _portable(data) if f.suffix == ".json" else data
+    files[_MANIFEST] = json.dumps(triton_build(), indent=1).encode()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:xz", preset=9) as tar:
         for name, data in sorted(files.items()):
