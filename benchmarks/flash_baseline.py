@@ -20,6 +20,7 @@ from hf_posenc.kernels._triton import (
     Target,
     Tile,
     block_range,
+    fp32,
     jit_runtime_ints,
     launch_all,
     load_tile,
@@ -54,6 +55,7 @@ def _flash_fwd_kernel(Q, K, V, O, sqb, sqh, sql, skb, skh, skl, svb, svh, svl, s
                       H, GROUP, Lq, Lk, qk_scale,
                       D: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, FAST: tl.constexpr):
     """Causal softmax(scale·q kᵀ)·v for one query tile of one head (D a power of two)."""
+    qk_scale = fp32(qk_scale)  # fp32 loop state under torch.compile's fp64 float arguments too, as the kernels do
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b64 = (pid_bh // H).to(tl.int64)

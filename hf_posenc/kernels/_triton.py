@@ -314,12 +314,15 @@ def use_decode_path(q_len: int) -> bool:
     return q_len <= DECODE_MAX_LQ
 
 
+DECODE_PROGRAMS_PER_SM = 2  # split-K density of decode launches
+
+
 def num_splits(target: Target, n_programs: int, kv_len: int, block_n: int) -> int:
-    """Split-K factor for decode: about two programs per SM, at least 4 key blocks per split (1 in the
-    interpreter so the tests exercise the combine step)."""
+    """Split-K factor for decode: about DECODE_PROGRAMS_PER_SM programs per SM, at least 4 key blocks per split
+    (1 in the interpreter so the tests exercise the combine step)."""
     min_blocks = 1 if target.interpreter else 4
     max_splits = max(1, triton.cdiv(kv_len, block_n * min_blocks))
-    return max(1, min(max_splits, (2 * target.sm_count) // max(1, n_programs), 128))
+    return max(1, min(max_splits, (DECODE_PROGRAMS_PER_SM * target.sm_count) // max(1, n_programs), 128))
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,12 @@ from .naive import TapaArgs
 
 # GPU decode tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and row-width bucket
 # (`triton_tapa.row_width`), chosen offline by benchmarks/tune_tiles.py --kernel decode as the other tables are: no
-# register spills at head dims <= 128, shared memory within the limit, fewest issued instructions per score element
+# register spills at head dims <= 128, shared memory within the limit, fewest issued instructions per score element.
+# sm_90 at widths 64 and 128: measured instead on an H100 (benchmarks/tune_decode.py, kernel time over 1k-16k keys:
+# a decode kernel waits on memory, which instruction counts do not see): three stages, 3.5% and 10% faster than the
+# static choice (16, 128, 4, 2) and (16, 64, 4, 1); 16% at 16k keys, D = 128.
 _TILES = {
-    "sm90": {64: (16, 128, 4, 2), 128: (16, 64, 4, 1), 256: (16, 64, 4, 1)},
+    "sm90": {64: (16, 64, 4, 3), 128: (16, 64, 4, 3), 256: (16, 64, 4, 1)},
     "sm80": {64: (16, 128, 4, 2), 128: (16, 128, 4, 2), 256: (16, 64, 4, 1)},
     "fp32": {64: (16, 64, 4, 1), 128: (16, 32, 4, 1), 256: (16, 16, 4, 1)},  # fp32 inputs: `table_row`
 }
