@@ -31,8 +31,9 @@ def _seed_matches_this_triton() -> None:
     """The seed's keys can only match the Triton build it was compiled with (the locked wheel, CPython 3.11);
     with another build the lane compiles everything (minutes, still correct) and the seed's tests skip."""
     if read_manifest(SEED) != triton_build():
-        pytest.skip(f"{SEED.name} was compiled with another Triton build ({read_manifest(SEED)} here "
-                    f"{triton_build()}): the lane compiles from scratch; `{REFRESH}` makes a seed for this one")
+        pytest.skip(f"{SEED.name} was compiled with another Triton build (seed: {read_manifest(SEED)}; this "
+                    f"machine: {triton_build()}), so the lane compiles from scratch; `{REFRESH}` makes a seed for "
+                    "this build")
 
 TAPA_KERNELS = {"tapa_fwd", "tapa_decode", "split_combine", "row_dot", "tapa_bwd", "tapa_bwd_dkdv", "tapa_bwd_dq"}
 TAPE_KERNELS = {"tape_fwd", "tape_decode", "split_combine", "row_dot", "tape_bwd_dkdv", "tape_bwd_dq"}
