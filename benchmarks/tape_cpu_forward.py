@@ -1,12 +1,15 @@
 """TAPE's default path (backend="auto" through SDPA) against the unpatched model: whole-model forward on CPU.
 
-TAPE needs Ẽ = P·E (eq. 7) beside O = P·V. Through SDPA it makes a second attention call for Ẽ with the same q,
-k and mask (O stays bit-identical to the stock model; one call over [V | E] would leave SDPA's flash kernel for
-its math path on CPU, about 9× slower at these shapes), and only in layers whose state a later layer reads: the
-last layer computes no Ẽ. Both models run side by side in one process (round-robin repeats, medians of wall time
-and of the process's CPU time, the steadier of the two on a shared machine; also the median of the ratios of
-samples taken back to back, which drift on a shared machine cancels). The target is TAPE ≤ 1.2× the unpatched
-forward at hidden 256, 4 layers, 1k tokens (judged on the ratio of the wall-time medians).
+TAPE needs Ẽ = P·E (eq. 7) beside O = P·V, in every layer whose state a later layer reads (the last layer computes
+no Ẽ). On CPU in inference both come from one attention map per block of query rows
+(hf_posenc.schemes.tape.one_map; the CPU flash kernel refuses a value wider than the query). Two TAPE models are
+timed: "tape" with its zero-initialised maps W_att and W₂ set to small random values, as after fine-tuning, so Ẽ
+is computed and used, and "tape_at_init" as patch_model returns it, where W_att = 0 and Ẽ is skipped (it would be
+multiplied by zero; the model is then bit-identical to the stock one). All models run side by side in one process
+(round-robin repeats, medians of wall time and of the process's CPU time, the steadier of the two on a shared
+machine; also the median of the ratios of samples taken back to back, which drift on a shared machine cancels).
+The target is TAPE ≤ 1.2× the unpatched forward at hidden 256, 4 layers, 1k tokens, judged on the fine-tuned-like
+"tape" row (ratio of the wall-time medians).
 
 Writes benchmarks/results/tape_cpu_forward-<device>.json (the device name includes the thread count).
 Usage: python benchmarks/tape_cpu_forward.py [--threads 1] [--length 1024] [--repeats 15]
@@ -26,6 +29,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 import hf_posenc  # noqa: E402
+from hf_posenc.schemes.tape import TapeBlock  # noqa: E402
 from common import time_interleaved, write_results  # noqa: E402
 
 TARGET_RATIO = 1.2
@@ -62,7 +66,12 @@ def build(args: argparse.Namespace) -> dict[str, torch.nn.Module]:
     torch.manual_seed(0)
     unpatched = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
     tape = hf_posenc.patch_model(copy.deepcopy(unpatched), "tape")
-    return {"unpatched": unpatched, "tape": tape}
+    trained = copy.deepcopy(tape)
+    generator = torch.Generator().manual_seed(1)
+    for block in (m for m in trained.modules() if isinstance(m, TapeBlock)):
+        for zero_init in (block.attn_mix, block.w2):  # as after fine-tuning: eq. 7 and eq. 8 act
+            zero_init.weight.data.normal_(0.0, 0.02, generator=generator)
+    return {"unpatched": unpatched, "tape": trained, "tape_at_init": tape}
 
 
 def main() -> None:

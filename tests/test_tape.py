@@ -368,10 +368,10 @@ def test_dropout_draws_one_mask_for_values_and_states(backend):
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(2, h, 10, 16, generator=g) for h in (4, 2, 2))
     torch.manual_seed(0)
-    o, e_tilde, _ = mix_values_and_states(attn, q, k, v, v.clone(), None, dropout=0.5, scaling=0.25)
+    o, e_tilde, _ = mix_values_and_states(attn, q, k, torch.cat([v, v], dim=-1), None, dropout=0.5, scaling=0.25)
     assert torch.equal(o, e_tilde)
     torch.manual_seed(0)
-    plain, _, _ = mix_values_and_states(attn, q, k, v, v.clone(), None, dropout=0.0, scaling=0.25)
+    plain, _, _ = mix_values_and_states(attn, q, k, torch.cat([v, v], dim=-1), None, dropout=0.0, scaling=0.25)
     assert not torch.allclose(o, plain)  # dropout did act
     loss = model(input_ids=random_ids(), labels=random_ids()).loss  # and a training step runs with it
     loss.backward()

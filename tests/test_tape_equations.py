@@ -113,11 +113,16 @@ def reference_layer(layer, x: torch.Tensor, e: torch.Tensor, mask: torch.Tensor,
     return x, e
 
 
-def run_layer(layer, x, states, mask):
-    """The implementation's layer on (x, states [B, S, T, Hkv, D]); returns (x_out, states_out or None)."""
-    with torch.no_grad():
-        out = layer((x, states), attention_mask=mask, position_ids=torch.arange(x.shape[1])[None])
-    return out if isinstance(out, tuple) else (out, None)
+def run_layer(layer, x, states, mask, grad: bool = False):
+    """The implementation's layer on (x, states [B, S, T, Hkv, D]); returns (x_out, states_out or None).
+
+    ``grad``: with x requiring a gradient, as in training (SDPA on CPU then computes O and Ẽ with two calls; in
+    inference, with one map blocked over query rows)."""
+    with torch.set_grad_enabled(grad):
+        out = layer((x.clone().requires_grad_(grad), states), attention_mask=mask,
+                    position_ids=torch.arange(x.shape[1])[None])
+    out = out if isinstance(out, tuple) else (out, None)
+    return tuple(None if t is None else t.detach() for t in out)
 
 
 def state_index(model, layer_idx: int) -> int:
@@ -140,8 +145,9 @@ LAYER_CASES = [
 ]
 
 
+@pytest.mark.parametrize("grad", [False, True], ids=["inference", "training"])
 @pytest.mark.parametrize("arch, backend, config", LAYER_CASES, ids=[f"{a}-{b}" for a, b, _ in LAYER_CASES])
-def test_layer_follows_eq_6_to_8(arch, backend, config):
+def test_layer_follows_eq_6_to_8(arch, backend, config, grad):
     model = tape_model(arch, backend, **config)
     layer = model.model.layers[0]
     block = layer.tape
@@ -157,7 +163,7 @@ def test_layer_follows_eq_6_to_8(arch, backend, config):
     mask = causal_mask(valid)
     t = state_index(model, 0)
 
-    x_out, states_out = run_layer(layer, x, states, mask)
+    x_out, states_out = run_layer(layer, x, states, mask, grad)
     x_ref, e_ref = reference_layer(layer, x, states[:, :, t], mask, block)
 
     real = valid  # padded queries see no key; their outputs are not defined

@@ -8,11 +8,12 @@ frequencies (so TAPE composes with CoPE, p-RoPE or YaRN). In each layer:
   form, so a logit depends on E only through z_i·conj(z_j) (invariant to a common rotation: eq. 4);
 * attention-side update (eq. 7): the same softmax mixes the states, Ẽ = P·E. E rides along as extra value
   channels, so the KV cache stores the states of past keys (in the layers that mix them: 1.5× the plain cache
-  there). Eager computes P·[V | E] in one call; the fused backends (sdpa, flex, flash) make a second call with the
-  same q, k and mask so that O stays bit-identical to the stock model, or, with attention dropout, one call over
-  [V | E] so that one dropout mask acts on both (see :func:`mix_values_and_states`); the fused Triton kernel in
-  ``hf_posenc.kernels.tape`` does both in one pass. A zero-initialised head-mixing map (query heads → key/value
-  heads) adds it back: E ← E + W_att·Ẽ;
+  there). Eager computes P·[V | E] in one call; SDPA on CPU in inference takes one map for both, blocked over
+  query rows (:mod:`.one_map`); the other fused backends (sdpa elsewhere, flex, flash) make a second call with the
+  same q, k and mask, or, with attention dropout, one call over [V | E] so that one dropout mask acts on both (see
+  :func:`mix_values_and_states`); the fused Triton kernel in ``hf_posenc.kernels.tape`` does both in one pass. A
+  zero-initialised head-mixing map (query heads → key/value heads) adds it back: E ← E + W_att·Ẽ; while W_att is
+  exactly zero and needs no gradient (inference at init), Ẽ would be multiplied by zero and is not computed;
 * MLP-side update (eq. 8): E ← E + W₂·(silu(W_ψ·m) ⊙ W₁·E), with m the token MLP's output, W₁/W₂ acting on the
   head axis and shared over frequencies and re/im (equivariant, eq. 5); W₂ starts at zero.
 

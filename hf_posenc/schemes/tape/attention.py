@@ -11,31 +11,33 @@ from torch import nn
 
 from ..compiled import compiled_inference, opaque_op
 from ..masks import written_keys
+from .one_map import attend_values_and_states
 
 ATTN_NAME = "hf_posenc_tape"  # the fused kernel's attention function (backend="triton")
 
 
 def rotation_tables(e: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """RoPE's (cos, sin) tables from a state E [B, S, Hkv, D] = [re | im]: ([re | re], [im | im]) as
-    [B, S, Hkv, 1, D], built once per layer for both the queries and the keys."""
+    """The state E [B, S, Hkv, D] = [re | im] as (re, im), each [B, S, Hkv, 1, D/2]: RoPE's cos and sin halves,
+    read once per layer for both the queries and the keys (views, no copy)."""
     half = e.shape[-1] // 2
-    re, im = e[..., :half], e[..., half:]
-    return torch.cat([re, re], dim=-1).unsqueeze(3), torch.cat([im, im], dim=-1).unsqueeze(3)
+    return e[..., :half].unsqueeze(3), e[..., half:].unsqueeze(3)
 
 
 def rotate(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
-    """x ⊙ z per head (eq. 6) in RoPE's form ``x·cos + rotate_half(x)·sin``: x [B, S, H, D], tables from
+    """x ⊙ z per head (eq. 6): [x₁·re − x₂·im | x₂·re + x₁·im] for x = [x₁ | x₂], x [B, S, H, D], tables from
     :func:`rotation_tables`.
 
     H is a multiple of Hkv: query head h reads the state of key/value head h // (H / Hkv), like its keys. The
-    products and sums are RoPE's term by term, so E₀ reproduces RoPE bit for bit. Token-major like the
-    projections, so the rotated tensors keep the memory layout the stock model hands to attention (and attention
-    picks the same kernel path).
+    products and sums are RoPE's ``x·cos + rotate_half(x)·sin`` term by term (x₁·c + (−x₂)·s is x₁·c − x₂·s
+    exactly in IEEE arithmetic), so E₀ reproduces RoPE bit for bit. Token-major like the projections, so the
+    rotated tensors keep the memory layout the stock model hands to attention (and attention picks the same
+    kernel path).
     """
-    cos, sin = tables
+    re, im = tables
     half = x.shape[-1] // 2
-    xs = x.unflatten(2, (cos.shape[2], -1))  # [B, S, Hkv, group, D]
-    return (xs * cos + torch.cat([-xs[..., half:], xs[..., :half]], dim=-1) * sin).flatten(2, 3)
+    xs = x.unflatten(2, (re.shape[2], -1))  # [B, S, Hkv, group, D]
+    x1, x2 = xs[..., :half], xs[..., half:]
+    return torch.cat([x1 * re - x2 * im, x2 * re + x1 * im], dim=-1).flatten(2, 3)
 
 
 def attention_function(attn: nn.Module):
@@ -49,14 +51,18 @@ def attention_function(attn: nn.Module):
     return sys.modules[stock.__module__].eager_attention_forward
 
 
-def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor,
+def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, values_and_states: torch.Tensor,
                           attention_mask, **kwargs: Any) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """O = P·V (eq. 6) and Ẽ = P·E (eq. 7) with one attention map P: returns (O, Ẽ, P or None), O and Ẽ as
-    [B, S, Hq, D]. q [B, Hq, S, D]; k, v, e [B, Hkv, L, D] (after the cache).
+    [B, S, Hq, D]. q [B, Hq, S, D]; k [B, Hkv, L, D]; values_and_states [V | E] [B, Hkv, L, 2D] (after the cache).
 
     * eager, and the fused kernel (``backend="triton"``): one call over [V | E];
-    * other implementations (sdpa, flex, flash) pick another kernel for a value wider than the query, so without
-      dropout they make two calls with the same q, k and mask, and O stays bit-identical to the stock model;
+    * SDPA on CPU in inference (fp32/fp64, nothing requiring a gradient, not under torch.compile): one map for
+      both, blocked over query rows (:func:`~.one_map.attend_values_and_states`); the CPU flash kernel refuses a
+      value wider than the query, and two calls would compute QKᵀ and the softmax twice;
+    * other implementations (sdpa elsewhere, flex, flash) pick another kernel for a value wider than the query, so
+      without dropout they make two calls with the same q, k and mask, and O stays bit-identical to the stock
+      model (the stock model at init never gets here: Ẽ is skipped while W_att = 0, see :func:`tape_attention`);
     * with attention dropout (training), the two calls would draw two masks, while eq. 7 mixes the states with
       the very P that mixes the values: one call then runs over [V | E] with q and k zero-padded to the value's
       width (q·k unchanged, the scale passed explicitly), so a single dropout mask acts on both.
@@ -64,19 +70,39 @@ def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, v: 
     d = q.shape[-1]
     fn = attention_function(attn)
     name = attn.config._attn_implementation
+    if name == "sdpa" and _one_map_on_cpu(q, k, values_and_states, kwargs):
+        causal = (q.shape[2] > 1 and attention_mask is None
+                  and (kwargs["is_causal"] if kwargs.get("is_causal") is not None else getattr(attn, "is_causal", True)))
+        if causal and k.shape[2] > q.shape[2]:  # SDPA's rule too: an empty static cache's prefill reads its own keys
+            k, values_and_states = k[:, :, : q.shape[2]], values_and_states[:, :, : q.shape[2]]
+        scaling = kwargs.get("scaling")
+        out = attend_values_and_states(q, k, values_and_states, attention_mask,
+                                       d**-0.5 if scaling is None else scaling, causal)
+        return out[..., :d], out[..., d:], None
     one_call = name in ("eager", ATTN_NAME)  # eager's column-wise matmuls keep O bit-identical to P·V alone
     if one_call or kwargs.get("dropout", 0.0):
         if not one_call:  # zero-padded to the value's width: q·k unchanged
-            q, k = (nn.functional.pad(t, (0, e.shape[-1])) for t in (q, k))
-        out, weights = fn(attn, q, k, torch.cat([v, e], dim=-1), attention_mask, **kwargs)
+            q, k = (nn.functional.pad(t, (0, values_and_states.shape[-1] - d)) for t in (q, k))
+        out, weights = fn(attn, q, k, values_and_states, attention_mask, **kwargs)
         return out[..., :d], out[..., d:], weights
-    o, weights = fn(attn, q, k, v, attention_mask, **kwargs)
-    e_tilde, _ = fn(attn, q, k, e, attention_mask, **kwargs)
+    o, weights = fn(attn, q, k, values_and_states[..., :d], attention_mask, **kwargs)
+    e_tilde, _ = fn(attn, q, k, values_and_states[..., d:], attention_mask, **kwargs)
     return o, e_tilde, weights
 
 
+def _one_map_on_cpu(q: torch.Tensor, k: torch.Tensor, values_and_states: torch.Tensor, kwargs: dict) -> bool:
+    """Whether :func:`~.one_map.attend_values_and_states` stands in for SDPA's two calls: CPU, fp32/fp64, no
+    dropout, nothing that needs a gradient (training keeps the flash kernels' memory-light backward), not under
+    torch.compile (its graph keeps SDPA), and no SDPA extra this path does not read (position bias, paged cache)."""
+    tensors = (q, k, values_and_states)
+    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and not kwargs.get("dropout")
+            and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+            and not torch.compiler.is_compiling()
+            and all(kwargs.get(name) is None for name in ("position_bias", "cache", "softcap")))
+
+
 def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, attention_mask, past_key_values,
-                   mix_states: bool = True, **kwargs: Any
+                   mix_states: bool = True, e_tilde_unread: bool = False, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Token mixing (eq. 6) and, with ``mix_states``, Ẽ = P·E (eq. 7) through the model's attention implementation.
 
@@ -84,6 +110,8 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
     attention weights or None, Ẽ [B, S, Hq, D] or None). E rides along as extra value channels, so the KV cache
     keeps the states of past keys, in layers that mix states (1.5× the plain cache there: D channels per KV head
     beside V's D); a layer whose update no later layer reads (``mix_states=False``) is plain attention.
+    ``e_tilde_unread``: W_att = 0 exactly (``TapeBlock.reads_no_e_tilde``), so eq. 7 adds nothing; the cache
+    still takes [V | E], attention runs over V alone (as in the stock model) and Ẽ comes back None.
     """
     bsz, seq, _ = hidden.shape
     d = attn.head_dim
@@ -98,9 +126,10 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
     v = attn.v_proj(hidden).view(shape).transpose(1, 2)
     name = attn.config._attn_implementation
     mix_states = mix_states or name == ATTN_NAME  # the fused kernel always takes [V | E]
+    if mix_states:  # [V | E]: E rides along as extra value channels, in the cache too
+        v = torch.cat([v, e_kv.to(v.dtype)], dim=-1)
     if past_key_values is not None:
-        k, v = past_key_values.update(k, torch.cat([v, e_kv.to(v.dtype)], dim=-1) if mix_states else v, attn.layer_idx)
-        v, e_kv = (v[..., :d], v[..., d:]) if mix_states else (v, None)
+        k, v = past_key_values.update(k, v, attn.layer_idx)
     extra = {}
     if getattr(attn, "sliding_window", None) is not None:
         extra["sliding_window"] = attn.sliding_window
@@ -111,10 +140,10 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
         raise ValueError(f"tape: output_attentions=True returns the attention maps only with attn_implementation="
                          f"'eager' (and backend='auto'); this model computes attention through {name!r}. Load it "
                          "with attn_implementation='eager' or call model.set_attn_implementation('eager').")
-    if mix_states:
-        o, e_tilde, weights = mix_values_and_states(attn, q, k, v, e_kv.to(v.dtype), attention_mask, **common)
+    if mix_states and not e_tilde_unread:
+        o, e_tilde, weights = mix_values_and_states(attn, q, k, v, attention_mask, **common)
     else:
-        (o, weights), e_tilde = attention_function(attn)(attn, q, k, v, attention_mask, **common), None
+        (o, weights), e_tilde = attention_function(attn)(attn, q, k, v[..., :d], attention_mask, **common), None
     return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), weights, e_tilde
 
 
@@ -166,6 +195,6 @@ class TapeAttentionMixin:
     Transformers' output hooks record its attention maps (``output_attentions=True``) as for the stock model."""
 
     def forward(self, hidden_states: torch.Tensor, tape_state: torch.Tensor, attention_mask=None,
-                past_key_values=None, mix_states: bool = True, **kwargs):
+                past_key_values=None, mix_states: bool = True, e_tilde_unread: bool = False, **kwargs):
         return tape_attention(self, hidden_states, tape_state, attention_mask, past_key_values,
-                              mix_states=mix_states, **kwargs)
+                              mix_states=mix_states, e_tilde_unread=e_tilde_unread, **kwargs)

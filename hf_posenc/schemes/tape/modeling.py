@@ -36,10 +36,21 @@ class TapeBlock(nn.Module):
         nn.init.normal_(self.w_psi.weight, std=init_std)
         nn.init.normal_(self.w1.weight, std=1.0 / math.sqrt(kv_heads))
 
-    def attention_update(self, e: torch.Tensor, e_tilde: torch.Tensor) -> torch.Tensor:
+    def attention_update(self, e: torch.Tensor, e_tilde: torch.Tensor | None) -> torch.Tensor:
         """Eq. 7 folded back with a head-mixing residual: E + W_att·Ẽ (e: [B,S,Hkv,D], e_tilde: [B,S,Hq,D]); W_att
-        acts on the head axis, shared over the channels (equivariant)."""
-        return e + mix_heads(head_map(self.attn_mix), e_tilde)
+        acts on the head axis, shared over the channels (equivariant). ``e_tilde`` None: not computed because
+        W_att = 0 (:meth:`reads_no_e_tilde`), and E comes back unchanged."""
+        return e if e_tilde is None else e + mix_heads(head_map(self.attn_mix), e_tilde)
+
+    def reads_no_e_tilde(self) -> bool:
+        """W_att = 0 exactly (as at init) and needs no gradient: eq. 7 adds W_att·Ẽ = 0, so Ẽ need not be computed.
+
+        Read only where it is free: weights on the CPU (on an accelerator the test would stall the host on every
+        layer) outside torch.compile (a data-dependent branch). Elsewhere Ẽ is computed and multiplied by zero.
+        """
+        weight = head_map(self.attn_mix)
+        return (weight.device.type == "cpu" and not torch.compiler.is_compiling()
+                and not (torch.is_grad_enabled() and weight.requires_grad) and not bool(weight.any()))
 
     def mlp_update(self, e: torch.Tensor, mlp_out: torch.Tensor) -> torch.Tensor:
         """Eq. 8: E + W₂·(silu(W_ψ·m) ⊙ W₁·E), with W₁, W₂ on the head axis, computed as E + (W₂·diag(gate)·W₁)·E:
@@ -136,6 +147,7 @@ class TapeLayerMixin:
         residual = x
         h, _, e_tilde = self.self_attn(self.input_layernorm(x), e, attention_mask=attention_mask,
                                        past_key_values=past_key_values, mix_states=tape is not None,
+                                       e_tilde_unread=tape is not None and tape.reads_no_e_tilde(),
                                        position_ids=position_ids, use_cache=use_cache, **kwargs)
         if hasattr(self, "pre_feedforward_layernorm"):  # Gemma2/Gemma3 sandwich norms
             h = self.post_attention_layernorm(h)
