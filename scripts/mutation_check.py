@@ -144,6 +144,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "causal attention inside the diagonal block: query i attends keys 0..i only",
     ),
     Mutation(
+        "tape-one-map-drops-the-last-attended-key", "hf_posenc/schemes/tape/one_map.py",
+        "(attended * torch.arange(1, lk + 1, device=attended.device))",
+        "(attended * torch.arange(0, lk, device=attended.device))",
+        ("tests/test_tape_one_map.py::test_one_map_is_eager_attention_over_values_and_states",),
+        "a masked block may skip only keys past the last one its rows attend (left-padded batches)",
+    ),
+    Mutation(
         "tape-skips-e-tilde-while-w-att-trains", "hf_posenc/schemes/tape/modeling.py",
         "and not (torch.is_grad_enabled() and weight.requires_grad) and not bool(weight.any()))",
         "and not bool(weight.any()))",

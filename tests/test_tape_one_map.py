@@ -87,14 +87,23 @@ def test_one_map_bounds_the_scores_it_holds(monkeypatch):
     torch.testing.assert_close(out, expected, **TOL[torch.float32])
 
 
-@pytest.mark.parametrize("bad", ["heads", "width", "causal-mask"])
+def test_one_map_broadcasts_a_mask_shared_by_every_query():
+    q, k, ve = inputs(lq=5, lk=30)
+    keep = torch.ones(2, 1, 1, 30, dtype=torch.bool)
+    keep[0, ..., :4] = False
+    out = one_map.attend_values_and_states(q, k, ve, keep, 0.3, False)
+    torch.testing.assert_close(out, reference(q, k, ve, keep.expand(2, 1, 5, 30), 0.3, False).float(),
+                               **TOL[torch.float32])
+
+
+@pytest.mark.parametrize("bad", ["heads", "width", "causal-mask", "mask-keys"])
 def test_one_map_refuses_shapes_it_cannot_attend(bad):
     q, k, ve = inputs(hq=5 if bad == "heads" else 6)
     if bad == "width":
         k = k[..., :8]
+    mask = {"causal-mask": padding_mask(2, 37, 37, 3), "mask-keys": padding_mask(2, 37, 36, 3)}.get(bad)
     with pytest.raises(ValueError, match="attend_values_and_states"):
-        one_map.attend_values_and_states(q, k, ve, padding_mask(2, 37, 37, 3) if bad == "causal-mask" else None,
-                                         0.3, True if bad == "causal-mask" else False)
+        one_map.attend_values_and_states(q, k, ve, mask, 0.3, bad == "causal-mask")
 
 
 def perturbed_tape(arch="llama", dtype=torch.float32, **config):

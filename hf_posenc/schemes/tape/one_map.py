@@ -3,8 +3,9 @@
 PyTorch's CPU flash kernel refuses a value wider than the query ("Q/K/V should have the same head size") and SDPA
 then takes its math path, materialising every score. Two flash calls (one for V, one for E) compute QKᵀ and the
 softmax twice. This computes them once per block of query rows: scores for the block, the mask, a softmax, then
-P·[V | E] in one matrix product, so E rides along as extra value channels as in the paper. Memory stays linear in
-the sequence: one block's scores at a time (at most :data:`MAX_SCORES` elements).
+P·[V | E] in one matrix product, so E rides along as extra value channels as in the paper. A causal block never
+computes keys past its last query, a masked block none past the last key any of its rows attends (left-padded
+batches). Memory stays linear in the sequence: one block's scores at a time (at most :data:`MAX_SCORES`).
 
 The readable specification is eager attention, ``softmax(QKᵀ·scale + mask)·[V | E]``; tests compare the two.
 """
@@ -43,19 +44,23 @@ def attend_values_and_states(query: torch.Tensor, key: torch.Tensor, values_and_
     # matrix per key/value head, and the scale sits on the queries (one pass over Lq·D, not over the scores).
     rows_q = (query * scaling).unflatten(1, (hkv, group)).transpose(2, 3).contiguous().view(b, hkv, lq * group, d)
     key_t = key.transpose(-1, -2)
-    bias = _additive(attention_mask, hkv, group, query.dtype) if attention_mask is not None else None
+    bias = _additive(attention_mask, hkv, group, lq, lk, query.dtype) if attention_mask is not None else None
+    reach = [lk] * lq  # keys a query row may attend: 0 .. reach-1 (masked keys past the last attended are skipped)
+    if bias is not None:
+        attended = (bias != -math.inf).flatten(0, 1).any(0).any(1)  # [Lq, Lk]
+        reach = (attended * torch.arange(1, lk + 1, device=attended.device)).amax(-1).tolist()
     if causal:  # within the diagonal block, key j > query i is masked; keys past the block are never computed
         above = torch.ones(rows, rows, dtype=torch.bool, device=query.device).triu_(1).unsqueeze(1)
         bias = torch.zeros(rows, group, rows, dtype=query.dtype, device=query.device).masked_fill_(above, -math.inf)
     out = values_and_states.new_empty(b, lq, hkv, group, dv)
     for start in range(0, lq, rows):
         stop = min(lq, start + rows)
-        n, keys = stop - start, (stop if causal else lk)
+        n, keys = stop - start, (stop if causal else max(1, max(reach[start:stop])))
         scores = rows_q[:, :, start * group : stop * group] @ key_t[..., :keys]  # [B, Hkv, n·group, keys]
         if causal:
             scores[..., start:].add_((bias if n == rows else bias[:n, :, :n]).reshape(n * group, n))
         elif bias is not None:
-            scores.view(b, hkv, n, group, keys).add_(bias[:, :, start:stop])
+            scores.view(b, hkv, n, group, keys).add_(bias[:, :, start:stop, :, :keys])
         probs = torch.softmax(scores, dim=-1)
         if bias is not None and not causal:  # a row with no key to attend: softmax gives NaN, SDPA gives 0
             probs.masked_fill_(scores.amax(dim=-1, keepdim=True) == -math.inf, 0.0)
@@ -64,10 +69,12 @@ def attend_values_and_states(query: torch.Tensor, key: torch.Tensor, values_and_
     return out.view(b, lq, hq, dv)
 
 
-def _additive(mask: torch.Tensor, hkv: int, group: int, dtype: torch.dtype) -> torch.Tensor:
+def _additive(mask: torch.Tensor, hkv: int, group: int, lq: int, lk: int, dtype: torch.dtype) -> torch.Tensor:
     """An attention mask as additive scores laid out like the score rows: [B or 1, Hkv or 1, Lq, group or 1, Lk]."""
-    if mask.dim() != 4 or mask.shape[1] not in (1, hkv * group):
-        raise ValueError(f"attend_values_and_states: attention_mask must be [B, 1 or Hq, Lq, Lk], got {list(mask.shape)}")
+    if mask.dim() != 4 or mask.shape[1] not in (1, hkv * group) or mask.shape[2] not in (1, lq) or mask.shape[3] != lk:
+        raise ValueError(f"attend_values_and_states: attention_mask must be [B, 1 or Hq, 1 or Lq, Lk] with Lq = {lq}, "
+                         f"Lk = {lk}; got {list(mask.shape)}")
+    mask = mask.expand(-1, -1, lq, -1)
     if mask.dtype == torch.bool:
         mask = torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill_(~mask, -math.inf)
     if mask.shape[1] == 1:
