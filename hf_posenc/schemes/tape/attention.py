@@ -59,10 +59,12 @@ def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, val
     * eager, and the fused kernel (``backend="triton"``): one call over [V | E];
     * SDPA on CPU in inference (fp32/fp64, nothing requiring a gradient, not under torch.compile): one map for
       both, blocked over query rows (:func:`~.one_map.attend_values_and_states`); the CPU flash kernel refuses a
-      value wider than the query, and two calls would compute QKᵀ and the softmax twice;
+      value wider than the query, and two calls would compute QKᵀ and the softmax twice (O then rounds unlike
+      SDPA's; the model at init still equals the stock one bit for bit, as Ẽ is skipped there while W_att = 0:
+      see :func:`tape_attention`);
     * other implementations (sdpa elsewhere, flex, flash) pick another kernel for a value wider than the query, so
       without dropout they make two calls with the same q, k and mask, and O stays bit-identical to the stock
-      model (the stock model at init never gets here: Ẽ is skipped while W_att = 0, see :func:`tape_attention`);
+      model;
     * with attention dropout (training), the two calls would draw two masks, while eq. 7 mixes the states with
       the very P that mixes the values: one call then runs over [V | E] with q and k zero-padded to the value's
       width (q·k unchanged, the scale passed explicitly), so a single dropout mask acts on both.
