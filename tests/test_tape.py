@@ -45,6 +45,17 @@ def test_at_init_tape_is_bitwise_the_unpatched_model(arch, backend):
     assert torch.equal(logits(model, ids, attention_mask=mask), reference)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("backend", ["eager", "sdpa"])
+def test_at_init_tape_is_bitwise_the_unpatched_model_in_half_precision(backend, dtype):
+    """The KV cache holds [V | E]; attention over its V half (a strided view) rounds like the stock model's."""
+    ids, mask = padded_batch()
+    reference = logits(tiny_model("llama", backend).to(dtype), ids, attention_mask=mask)
+    model = hf_posenc.patch_model(tiny_model("llama", backend).to(dtype), "tape")
+    for use_cache in (True, False):
+        assert torch.equal(logits(model, ids, attention_mask=mask, use_cache=use_cache), reference)
+
+
 @pytest.mark.parametrize("frequencies", [{"scheme": "cope", "clip_low_n": 3}, {"scheme": "prope", "p": 0.5}])
 @pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
 def test_at_init_tape_equals_its_frequency_scheme(arch, frequencies):
