@@ -389,6 +389,15 @@ def test_dropout_draws_one_mask_for_values_and_states(backend):
     assert torch.isfinite(loss)
 
 
+def test_mix_values_and_states_refuses_values_without_states():
+    from hf_posenc.schemes.tape import mix_values_and_states
+
+    attn = hf_posenc.patch_model(tiny_model("llama", "sdpa"), "tape").model.layers[0].self_attn
+    q, k, v = torch.randn(1, 4, 5, 16), torch.randn(1, 2, 5, 16), torch.randn(1, 2, 5, 16)
+    with pytest.raises(ValueError, match=r"\[V \| E\], 2 x head_dim = 32"):
+        mix_values_and_states(attn, q, k, v, None, scaling=0.25)
+
+
 def test_fused_kernel_refuses_dropout():
     model = hf_posenc.patch_model(tiny_model("llama", "sdpa", attention_dropout=0.1), "tape", backend="triton")
     with pytest.raises(ValueError, match="no attention dropout"):

@@ -70,6 +70,10 @@ def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, val
       width (q·k unchanged, the scale passed explicitly), so a single dropout mask acts on both.
     """
     d = q.shape[-1]
+    if values_and_states.shape[-1] != 2 * d:
+        raise ValueError(f"mix_values_and_states: values_and_states must be [V | E], 2 x head_dim = {2 * d} channels "
+                         f"wide, got {values_and_states.shape[-1]}; pass torch.cat([v, e], dim=-1) (not v and e "
+                         "separately)")
     fn = attention_function(attn)
     name = attn.config._attn_implementation
     if name == "sdpa" and _one_map_on_cpu(q, k, values_and_states, kwargs):

@@ -44,25 +44,27 @@ def attend_values_and_states(query: torch.Tensor, key: torch.Tensor, values_and_
     # matrix per key/value head, and the scale sits on the queries (one pass over Lq·D, not over the scores).
     rows_q = (query * scaling).unflatten(1, (hkv, group)).transpose(2, 3).contiguous().view(b, hkv, lq * group, d)
     key_t = key.transpose(-1, -2)
-    bias = _additive(attention_mask, hkv, group, lq, lk, query.dtype) if attention_mask is not None else None
-    reach = [lk] * lq  # keys a query row may attend: 0 .. reach-1 (masked keys past the last attended are skipped)
-    if bias is not None:
-        attended = (bias != -math.inf).flatten(0, 1).any(0).any(1)  # [Lq, Lk]
+    mask = reach = diagonal = None
+    if attention_mask is not None:
+        mask = _additive(attention_mask, hkv, group, lq, lk, query.dtype)
+        # keys a query row may attend are 0 .. reach-1: a block skips masked keys past its rows' last attended one
+        attended = (mask != -math.inf).flatten(0, 1).any(0).any(1)  # [Lq, Lk]
         reach = (attended * torch.arange(1, lk + 1, device=attended.device)).amax(-1).tolist()
     if causal:  # within the diagonal block, key j > query i is masked; keys past the block are never computed
         above = torch.ones(rows, rows, dtype=torch.bool, device=query.device).triu_(1).unsqueeze(1)
-        bias = torch.zeros(rows, group, rows, dtype=query.dtype, device=query.device).masked_fill_(above, -math.inf)
+        diagonal = torch.zeros(rows, group, rows, dtype=query.dtype, device=query.device).masked_fill_(above, -math.inf)
     out = values_and_states.new_empty(b, lq, hkv, group, dv)
     for start in range(0, lq, rows):
         stop = min(lq, start + rows)
-        n, keys = stop - start, (stop if causal else max(1, max(reach[start:stop])))
+        n = stop - start
+        keys = stop if causal else lk if reach is None else max(1, max(reach[start:stop]))
         scores = rows_q[:, :, start * group : stop * group] @ key_t[..., :keys]  # [B, Hkv, n·group, keys]
-        if causal:
-            scores[..., start:].add_((bias if n == rows else bias[:n, :, :n]).reshape(n * group, n))
-        elif bias is not None:
-            scores.view(b, hkv, n, group, keys).add_(bias[:, :, start:stop, :, :keys])
+        if diagonal is not None:
+            scores[..., start:].add_((diagonal if n == rows else diagonal[:n, :, :n]).reshape(n * group, n))
+        if mask is not None:
+            scores.view(b, hkv, n, group, keys).add_(mask[:, :, start:stop, :, :keys])
         probs = torch.softmax(scores, dim=-1)
-        if bias is not None and not causal:  # a row with no key to attend: softmax gives NaN, SDPA gives 0
+        if mask is not None:  # a row with no key to attend: softmax gives NaN, SDPA gives 0
             probs.masked_fill_(scores.amax(dim=-1, keepdim=True) == -math.inf, 0.0)
         mixed = probs @ values_and_states[:, :, :keys]  # [B, Hkv, n·group, Dv]
         out[:, start:stop] = mixed.view(b, hkv, n, group, dv).transpose(1, 2)
