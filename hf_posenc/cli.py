@@ -58,6 +58,7 @@ def _check_output(args: argparse.Namespace) -> None:
 def cmd_info(args: argparse.Namespace) -> int:
     from .models import load_config
     from .patching import scheme_record
+    from .record import EXPORT_KEY
     from .schemes.base import head_dim as config_head_dim
 
     config = load_config(args.source, args.gguf_file)
@@ -67,6 +68,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         "scheme": None if record is None else record.scheme.name,
         "options": None if record is None else record.scheme.to_dict(),
         "paper": None if record is None else record.scheme.paper,
+        "stock_export_of": getattr(config, EXPORT_KEY, None),  # a stock export: the scheme its frequencies carry
         "rope_parameters": config.rope_parameters,
         "head_dim": config_head_dim(config),
         "max_position_embeddings": config.max_position_embeddings,
@@ -83,7 +85,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
     options = _parse_options(args.option)
     _check_output(args)
     model = load_model(args.source, args.gguf_file)
-    patch_model(model, args.scheme, replace=args.replace, **options)
+    patch_model(model, args.scheme, replace=args.replace, compose=args.compose, **options)
     tokenizer = _source_tokenizer(args)
     with atomic_dir(args.output, overwrite=args.overwrite) as tmp:
         model.save_pretrained(tmp)
@@ -157,6 +159,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
                    help="scheme option, repeatable (e.g. -o clip_low_n=10 -o rope_theta=1e7)")
     p.add_argument("--replace", action="store_true", help="replace a scheme the checkpoint already carries")
+    p.add_argument("--compose", action="store_true",
+                   help="patch a stock export of hf-posenc on purpose (its frequencies already carry a scheme)")
     p.set_defaults(func=cmd_patch)
 
     p = sub.add_parser("export", help="write a patched checkpoint for stock Transformers (no plugin needed)")

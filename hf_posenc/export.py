@@ -29,7 +29,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc re
 from .io_atomic import atomic_dir
 from .patches import family_for
 from .patching import check_patchable, scheme_record
-from .record import RECORD_KEY
+from .record import EXPORT_KEY, LIBRARY_VERSION, RECORD_KEY
 from .schemes.base import FrequencySchemeConfig
 from .schemes.base import head_dim as config_head_dim
 from .schemes.cope import STOCK_INF_FACTOR, taper_factors
@@ -111,6 +111,9 @@ def stock_config(model_or_config: Any) -> Any:
     for key in (RECORD_KEY, "model_type", "transformers_version", "architectures", "auto_map"):
         values.pop(key, None)
     values["rope_parameters"] = rope
+    values[EXPORT_KEY] = {"scheme": record.scheme.name, "options": record.scheme.to_dict(),
+                          "exported_from": getattr(config, "_name_or_path", "") or None,
+                          "library_version": LIBRARY_VERSION}
     stock = family.stock_config_class.from_dict(values)
     stock.architectures = [family.stock_model_class.__name__]
     return stock

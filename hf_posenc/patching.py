@@ -9,16 +9,14 @@ from typing import Any
 import torch
 from torch import nn
 
+from .upstream import supports_attention_backend
 from .patches import family_for, check_scheme
-from .patches.base import Family, required_attn_implementation
+from .patches.base import Family, required_attn_implementation, rope_layer_keys, scheme_rope_parameters
 from .patches.derive import FamilyRefused
-from .record import RECORD_KEY, SchemeRecord
+from .record import EXPORT_KEY, RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
 from .schemes.base import head_dim as config_head_dim
 from .schemes.cope import rotary_dim
-
-# rope_parameters keys read by a family's attention or rotary module itself, kept when a scheme rewrites the rest.
-FAMILY_ROPE_KEYS = ("llama_4_scaling_beta", "original_max_position_embeddings", "short_mscale", "long_mscale")
 
 # Decoder-layer and attention submodules TAPE's layer forward reproduces (Llama-style pre-norm, Gemma sandwich).
 TAPE_LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
@@ -78,7 +76,7 @@ def family_refusal(family: Family, model: nn.Module, scheme: SchemeConfig) -> st
             return f"rope type {rope_type!r} has no entry in Transformers' ROPE_INIT_FUNCTIONS"
     if getattr(config, "is_heterogeneous", False):
         return "per-layer configs (head dims and rotary settings vary by layer), which hf-posenc does not read"
-    if scheme.name == "tapa" and not getattr(type(model), "_supports_attention_backend", False):
+    if scheme.name == "tapa" and not supports_attention_backend(type(model)):
         return "its attention does not go through Transformers' attention interface, which TAPA replaces"
     if scheme.name == "tapa" and getattr(config, "attn_logit_softcapping", None) is not None:
         return ("attention-logit soft-capping does not apply to TAPA scores; set config.attn_logit_softcapping = "
@@ -153,7 +151,26 @@ def _rebuild_rotary(old: nn.Module, config: Any) -> nn.Module:
     return new
 
 
-def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: bool = False, **options: Any) -> Any:
+def check_not_an_export(config: Any, scheme: SchemeConfig) -> None:
+    """Refuse to patch a stock export of hf-posenc (``export_stock``): its ``rope_parameters`` already carry a
+    scheme as stock rope types (CoPE as ``longrope`` factors), so a new scheme would be applied on top of it."""
+    export = getattr(config, EXPORT_KEY, None)
+    if not isinstance(export, dict):
+        return
+    where = getattr(config, "_name_or_path", "") or "this model"
+    source = export.get("exported_from")
+    raise ValueError(
+        f"{where} is a stock export of hf-posenc, written from {source or 'a patched model'} with scheme "
+        f"{export.get('scheme')!r} {export.get('options', {})}: its rope_parameters already apply that scheme, so "
+        f"patching it with {scheme.name!r} would apply a scheme over it ({export.get('scheme')} twice, if the same). "
+        "Load the hf-posenc checkpoint it was exported from (save_pretrained's output) or patch the original base "
+        "model; to stack the schemes on purpose, pass compose=True (`hf-posenc patch --compose`, recipe "
+        "`scheme.compose: true`)."
+    )
+
+
+def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: bool = False, compose: bool = False,
+                **options: Any) -> Any:
     """Switch ``model``'s positional encoding to ``scheme`` in place and return it.
 
     Args:
@@ -162,6 +179,8 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
             (``CoPEConfig(...)``, ...).
         replace: allow replacing a different scheme the model already carries (the new one is applied to the
             model's original frequencies, not on top of the old scheme).
+        compose: allow patching a stock export of hf-posenc (``export_stock``'s output, refused by default), whose
+            frequencies already carry a scheme: the new scheme is then applied on top of them.
         **options: the scheme's options when ``scheme`` is a name, e.g. ``clip_low_n=10`` or ``p=0.25``.
 
     The scheme is recorded in ``model.config`` (its class becomes the family's patched config, with model type
@@ -171,6 +190,8 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     config_scheme = make_scheme(scheme, **options)
     check_patchable(model)
     config = model.config
+    if not compose:
+        check_not_an_export(config, config_scheme)
     family = family_for(config.model_type)
     check_scheme(family, config_scheme.name)
     reason = family_refusal(family, model, config_scheme)
@@ -183,7 +204,7 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     # head); TAPA splits whole heads.
     current = scheme_record(config)
     original = copy.deepcopy(config.rope_parameters) if current is None else current.original_rope_parameters
-    keys = family.rope_layer_keys(config, config_scheme.frequency_scheme().layers)
+    keys = rope_layer_keys(config, config_scheme.frequency_scheme().layers)
     dims = [config_head_dim(config)] if config_scheme.name == "tapa" else [
         rotary_dim(config, original if k is None else original[k]) for k in keys
     ]
@@ -201,18 +222,7 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
                 f"with options {config_scheme.to_dict()}."
             )
 
-    frequencies = config_scheme.frequency_scheme()
-    rope_parameters = copy.deepcopy(original)
-    for key in keys:
-        layer = original if key is None else original[key]
-        new = frequencies.rope_parameters(layer, rotary_dim(config, layer),
-                                          getattr(config, "max_position_embeddings", None))
-        # keys a family's own modules read from rope_parameters (Ministral3's query scaling, PhiMoE's mscales)
-        new.update({k: layer[k] for k in FAMILY_ROPE_KEYS if k in layer and k not in new})
-        if key is None:
-            rope_parameters = new
-        else:
-            rope_parameters[key] = new
+    rope_parameters = scheme_rope_parameters(config, config_scheme, original, keys)
     record = SchemeRecord(config_scheme, family.stock_model_type, original).to_dict()
 
     # Dry run on a copy: validation and the new rotary modules must succeed before the model is touched.

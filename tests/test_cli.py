@@ -33,6 +33,16 @@ def test_patch_info_export(tmp_path, capsys):
         a = load_model(tmp_path / "cope", attn_implementation="eager")(ids).logits
         b = load_model(tmp_path / "stock", attn_implementation="eager")(ids).logits
     assert torch.equal(a, b)
+    # the stock export says what it is, and patching it again is refused (it would taper twice) unless asked
+    capsys.readouterr()
+    assert cli(["info", str(tmp_path / "stock")]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["scheme"] is None and info["stock_export_of"]["scheme"] == "cope"
+    assert cli(["patch", str(tmp_path / "stock"), str(tmp_path / "twice"), "--scheme", "cope", "-o", "clip_low_n=3",
+                "--no-tokenizer"]) == 2
+    assert "stock export of hf-posenc" in capsys.readouterr().err and not (tmp_path / "twice").exists()
+    assert cli(["patch", str(tmp_path / "stock"), str(tmp_path / "twice"), "--scheme", "cope", "-o", "clip_low_n=3",
+                "--compose", "--no-tokenizer"]) == 0
 
 
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys):

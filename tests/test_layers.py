@@ -1,4 +1,4 @@
-"""The package's layers (pyproject.toml, [tool.importlinter]): kernels <- schemes <- core <- io <- apps <- front,
+"""The package's layers (pyproject.toml, [tool.importlinter]): upstream <- kernels <- schemes <- core <- io <- apps <- front,
 each importing only the ones below it, every top-level module placed in a layer. Checked with import-linter on
 the package as it is, and shown to fail on a copy where a lower layer imports a higher one."""
 

@@ -13,6 +13,7 @@ ACTIVE = [("cope", {"clip_low_n": 3}), ("hardclip", {"clip_low_n": 3}), ("prope"
           ("rope", {"rope_theta": 500.0, "scaling": "yarn", "factor": 2.0})]
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("arch, backend", arch_backend_pairs())
 def test_identity_settings_are_bitwise_equal(arch, backend):
     ids, mask = padded_batch()
@@ -22,6 +23,7 @@ def test_identity_settings_are_bitwise_equal(arch, backend):
         assert torch.equal(logits(model, ids, attention_mask=mask), reference), (scheme, options)
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("arch", ARCHS)
 def test_schemes_run_on_every_backend_and_agree(arch):
     ids, mask = padded_batch()
@@ -35,6 +37,7 @@ def test_schemes_run_on_every_backend_and_agree(arch):
             torch.testing.assert_close(out[real], outs["eager"][real], rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("arch, backend", arch_backend_pairs(("eager", "sdpa")))
 def test_kv_cache_generation_equals_full_forward(arch, backend):
     ids = random_ids(1, 12)
@@ -116,6 +119,7 @@ def test_peft_wrapped_model_is_refused_with_the_way_out():
     assert_unchanged(base, before)
 
 
+@pytest.mark.upstream
 def test_patch_then_peft_trains_and_keeps_the_scheme():
     peft = pytest.importorskip("peft")
     model = hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=3)

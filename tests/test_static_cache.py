@@ -51,6 +51,7 @@ def refused(arch: str, scheme: str) -> bool:
     return scheme == "tape-triton" and arch in ("gemma2", "gemma3_text")  # the fused kernel has no sliding window
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("arch", ARCHS)
 def test_static_cache_prefill_and_generation_equal_the_dynamic_cache_and_full_passes(arch, scheme):

@@ -354,6 +354,7 @@ def test_shift_pairs_hidden_with_next_label():
 
 
 # -- end to end ---------------------------------------------------------------------------------------------------
+@pytest.mark.upstream
 def test_tiny_recipe_end_to_end(workspace):
     from peft import PeftModel
     from transformers import AutoModelForCausalLM

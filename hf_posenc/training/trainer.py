@@ -342,7 +342,7 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     set_seed(recipe.training.seed)  # LoRA's random init happens before the Trainer seeds anything
     model = load_base_model(recipe)
     family = model.config.model_type
-    patch_model(model, scheme, replace=recipe.scheme.replace)
+    patch_model(model, scheme, replace=recipe.scheme.replace, compose=recipe.scheme.compose)
     apply_liger(recipe, model, family)
     causal_lm = model
     if recipe.peft.enabled:
@@ -408,7 +408,8 @@ def _reload_saved(recipe: Recipe, model_dir: Path) -> Any:
     if not recipe.peft.enabled:
         return load_model(model_dir)
     base = load_base_model(recipe)
-    patch_model(base, recipe.scheme_config(), replace=recipe.scheme.replace)
+    patch_model(base, recipe.scheme_config(), replace=recipe.scheme.replace,
+                compose=recipe.scheme.compose)
     return PeftModel.from_pretrained(base, model_dir)
 
 

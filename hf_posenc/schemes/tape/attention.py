@@ -3,12 +3,12 @@ implementation, or the fused kernel's attention function (``backend="triton"``).
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import torch
 from torch import nn
 
+from ...upstream import attn_implementation, family_eager_attention, layer_cache
 from ..compiled import compiled_inference, opaque_op
 from ..masks import written_keys
 from .one_map import attend_values_and_states
@@ -44,11 +44,11 @@ def attention_function(attn: nn.Module):
     """The model's attention implementation (its own eager function, or the registered one)."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS
 
-    name = attn.config._attn_implementation
+    name = attn_implementation(attn.config)
     if name != "eager":
         return ALL_ATTENTION_FUNCTIONS[name]
     stock = next(c for c in type(attn).__mro__ if not issubclass(c, TapeAttentionMixin))  # the family's class
-    return sys.modules[stock.__module__].eager_attention_forward
+    return family_eager_attention(stock.__module__)
 
 
 def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, values_and_states: torch.Tensor,
@@ -75,7 +75,7 @@ def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, val
                          f"wide, got {values_and_states.shape[-1]}; pass torch.cat([v, e], dim=-1) (not v and e "
                          "separately)")
     fn = attention_function(attn)
-    name = attn.config._attn_implementation
+    name = attn_implementation(attn.config)
     if name == "sdpa" and _one_map_on_cpu(q, k, values_and_states, kwargs):
         causal = (q.shape[2] > 1 and attention_mask is None
                   and (kwargs["is_causal"] if kwargs.get("is_causal") is not None else getattr(attn, "is_causal", True)))
@@ -107,7 +107,7 @@ def _one_map_on_cpu(q: torch.Tensor, k: torch.Tensor, values_and_states: torch.T
             and all(kwargs.get(name) is None for name in ("position_bias", "cache", "softcap")))
 
 
-def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, attention_mask, past_key_values,
+def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, attention_mask, cache,
                    mix_states: bool = True, e_tilde_unread: bool = False, **kwargs: Any
                    ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Token mixing (eq. 6) and, with ``mix_states``, Ẽ = P·E (eq. 7) through the model's attention implementation.
@@ -130,12 +130,12 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
     q, k = rotate(q, tables).transpose(1, 2), rotate(k, tables).transpose(1, 2)
     e_kv = e.transpose(1, 2)  # [B, Hkv, S, D]
     v = attn.v_proj(hidden).view(shape).transpose(1, 2)
-    name = attn.config._attn_implementation
+    name = attn_implementation(attn.config)
     mix_states = mix_states or name == ATTN_NAME  # the fused kernel always takes [V | E]
     if mix_states:  # [V | E]: E rides along as extra value channels, in the cache too
         v = torch.cat([v, e_kv.to(v.dtype)], dim=-1)
-    if past_key_values is not None:
-        k, v = past_key_values.update(k, v, attn.layer_idx)
+    if cache is not None:
+        k, v = cache.update(k, v, attn.layer_idx)
     extra = {}
     if getattr(attn, "sliding_window", None) is not None:
         extra["sliding_window"] = attn.sliding_window
@@ -146,8 +146,9 @@ def tape_attention(attn: nn.Module, hidden: torch.Tensor, e: torch.Tensor, atten
         raise ValueError(f"tape: output_attentions=True returns the attention maps only with attn_implementation="
                          f"'eager' (and backend='auto'); this model computes attention through {name!r}. Load it "
                          "with attn_implementation='eager' or call model.set_attn_implementation('eager').")
-    if mix_states and not e_tilde_unread:
+    if mix_states and (not e_tilde_unread or name == ATTN_NAME):  # the fused kernel reads [V | E] in one pass
         o, e_tilde, weights = mix_values_and_states(attn, q, k, v, attention_mask, **common)
+        e_tilde = None if e_tilde_unread else e_tilde
     else:
         (o, weights), e_tilde = attention_function(attn)(attn, q, k, v[..., :d], attention_mask, **common), None
     return attn.o_proj(o.reshape(bsz, seq, -1).contiguous()), weights, e_tilde
@@ -201,6 +202,7 @@ class TapeAttentionMixin:
     Transformers' output hooks record its attention maps (``output_attentions=True``) as for the stock model."""
 
     def forward(self, hidden_states: torch.Tensor, tape_state: torch.Tensor, attention_mask=None,
-                past_key_values=None, mix_states: bool = True, e_tilde_unread: bool = False, **kwargs):
-        return tape_attention(self, hidden_states, tape_state, attention_mask, past_key_values,
-                              mix_states=mix_states, e_tilde_unread=e_tilde_unread, **kwargs)
+                past_key_values=None, mix_states: bool = True, e_tilde_unread: bool = False, cache=None, **kwargs):
+        return tape_attention(self, hidden_states, tape_state, attention_mask,
+                              layer_cache(past_key_values, cache), mix_states=mix_states,
+                              e_tilde_unread=e_tilde_unread, **kwargs)

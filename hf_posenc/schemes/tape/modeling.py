@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch import nn
 
+from ...upstream import layer_cache, no_split_modules, set_no_split_modules
 from .attention import TapeAttentionMixin
 
 if TYPE_CHECKING:
@@ -130,7 +131,11 @@ class TapeLayerMixin:
         return super().__call__(hidden_states, *args, **kwargs)
 
     def forward(self, hidden_states: torch.Tensor, tape_states: torch.Tensor | None = None, attention_mask=None,
-                position_ids=None, past_key_values=None, use_cache=False, position_embeddings=None, **kwargs):
+                position_ids=None, past_key_values=None, use_cache=False, position_embeddings=None, cache=None,
+                **kwargs):
+        # The KV cache arrives as `cache` (Transformers 5.24+) or `past_key_values` (5.18-5.23): read both, or the
+        # states of past keys would silently be missing from attention (upstream.layer_cache).
+        cache = layer_cache(past_key_values, cache)
         ctx = self._tape_ctx
         x, states = hidden_states, tape_states
         if states is None:  # first layer: E₀ from the model's rotary frequencies
@@ -146,7 +151,7 @@ class TapeLayerMixin:
 
         residual = x
         h, _, e_tilde = self.self_attn(self.input_layernorm(x), e, attention_mask=attention_mask,
-                                       past_key_values=past_key_values, mix_states=tape is not None,
+                                       cache=cache, mix_states=tape is not None,
                                        e_tilde_unread=tape is not None and tape.reads_no_e_tilde(),
                                        position_ids=position_ids, use_cache=use_cache, **kwargs)
         if hasattr(self, "pre_feedforward_layernorm"):  # Gemma2/Gemma3 sandwich norms
@@ -240,9 +245,9 @@ def _rename_no_split(model: nn.Module, old: set[str], new: set[str]) -> None:
     policy (accelerate: every listed class must exist in the model) and ``device_map="auto"`` find decoder layers
     by class name, and a TAPE layer's class is new."""
     for module in model.modules():
-        current = getattr(module, "_no_split_modules", None)
-        if isinstance(current, (set, list, tuple)) and "_no_split_modules" in vars(module):
-            module._no_split_modules = (set(current) - old) | new
+        current = no_split_modules(module)
+        if isinstance(current, (set, list, tuple)):
+            set_no_split_modules(module, (set(current) - old) | new)
 
 
 def uninstall_tape(model: nn.Module) -> None:
