@@ -173,7 +173,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("families", help="the support table: every rotary model type × scheme, as the tests found it")
-    p.add_argument("--markdown", action="store_true", help="as a Markdown table (what the README embeds)")
+    p.add_argument("--markdown", action="store_true", help="as a Markdown table (what docs/families.md embeds)")
     p.set_defaults(func=cmd_families)
 
     p = sub.add_parser("demo", help="SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text")

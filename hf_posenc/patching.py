@@ -9,94 +9,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from .upstream import supports_attention_backend
-from .patches import family_for, check_scheme
-from .patches.base import Family, required_attn_implementation, rope_layer_keys, scheme_rope_parameters
-from .patches.derive import FamilyRefused
+from .patches import check_scheme, family_for
+from .patches.base import required_attn_implementation, rope_layer_keys, scheme_rope_parameters
 from .record import EXPORT_KEY, RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
 from .schemes.base import head_dim as config_head_dim
-from .schemes.cope import rotary_dim
-
-# Decoder-layer and attention submodules TAPE's layer forward reproduces (Llama-style pre-norm, Gemma sandwich).
-TAPE_LAYER_CHILDREN = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                       "post_feedforward_layernorm"}
-TAPE_ATTENTION_CHILDREN = {"q_proj", "k_proj", "v_proj", "o_proj", "q_norm", "k_norm"}
-
-
-def _tape_refusal(model: nn.Module, config: Any) -> str | None:
-    """Why TAPE's layer forward cannot carry the positional state through this model's decoder layers, or None."""
-    if any(rotary_dim(config, params) != config_head_dim(config) for params in layer_rope_parameters(config)):
-        return "partial rotary: TAPE's state covers every head dimension, this family rotates a fraction of them"
-    if getattr(config, "no_rope_layers", None) is not None:
-        return "layers without positional encoding (no_rope_layers), which TAPE would rotate"
-    layers = getattr(getattr(model, "model", None), "layers", None)
-    if layers is None or not hasattr(model.model, "rotary_emb"):
-        return "no decoder with `layers` and one `rotary_emb` to start the state from"
-    attn = getattr(layers[0], "self_attn", None)
-    q_norm = getattr(attn, "q_norm", None)
-    norm_width = getattr(getattr(q_norm, "weight", None), "numel", lambda: None)()
-    if norm_width is not None and norm_width != config_head_dim(config):
-        return "its q/k norms span every head of the projection (OLMo-style), TAPE's attention normalises per head"
-    for layer in layers:
-        children = {name for name, _ in layer.named_children()}
-        attn = getattr(layer, "self_attn", None)
-        attn_children = {name for name, _ in attn.named_children()} if attn is not None else set()
-        required = {"self_attn", "mlp", "input_layernorm", "post_attention_layernorm"}
-        if not required <= children or children - TAPE_LAYER_CHILDREN:
-            return (f"decoder layer {type(layer).__name__} has submodules {sorted(children)}, not the pre-norm "
-                    f"layout TAPE's layer forward reproduces ({sorted(required)} plus Gemma's feed-forward norms)")
-        if not {"q_proj", "k_proj", "v_proj", "o_proj"} <= attn_children or attn_children - TAPE_ATTENTION_CHILDREN:
-            return (f"attention {type(attn).__name__} has submodules {sorted(attn_children)}, not the "
-                    "q/k/v/o projections (and per-head q/k norms) TAPE's attention forward reproduces")
-    return None
-
-
-def layer_rope_parameters(config: Any) -> list[dict[str, Any]]:
-    """The rope parameters of each layer type of a config (one dict, or one per nested layer type)."""
-    rope = config.rope_parameters
-    nested = config.nested_rope_parameter_keys(rope)
-    return [rope[k] for k in nested if rope[k] is not None] if nested else [rope]
-
-
-def family_refusal(family: Family, model: nn.Module, scheme: SchemeConfig) -> str | None:
-    """Why ``model`` (of ``family``) cannot take ``scheme``, or ``None``. Checks the rope parameters of
-    the loaded config (the class-level checks ran when the family was derived)."""
-    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
-
-    config = model.config
-    rope = getattr(config, "rope_parameters", None)
-    if not isinstance(rope, dict) or not rope:
-        return "the config has no rope_parameters (not a rotary model)"
-    for params in layer_rope_parameters(config):
-        if "mrope_section" in params or "mrope_interleaved" in params:
-            return "multimodal 3-D rotary positions (mrope_section): no single text position to act on"
-        rope_type = params.get("rope_type", "default")
-        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
-            return f"rope type {rope_type!r} has no entry in Transformers' ROPE_INIT_FUNCTIONS"
-    if getattr(config, "is_heterogeneous", False):
-        return "per-layer configs (head dims and rotary settings vary by layer), which hf-posenc does not read"
-    if scheme.name == "tapa" and not supports_attention_backend(type(model)):
-        return "its attention does not go through Transformers' attention interface, which TAPA replaces"
-    if scheme.name == "tapa" and getattr(config, "attn_logit_softcapping", None) is not None:
-        return ("attention-logit soft-capping does not apply to TAPA scores; set config.attn_logit_softcapping = "
-                "None before patching")
-    layers = getattr(getattr(model, "model", None), "layers", None) or []
-    attn = getattr(layers[0], "self_attn", None) if len(layers) else None
-    own = [name for name, _ in attn.named_parameters(recurse=False)] if attn is not None else []
-    if scheme.name in ("tapa", "tape") and own:
-        return (f"its attention has parameters of its own ({', '.join(own)}: attention sinks or gates) that "
-                f"{scheme.name.upper()}'s attention would ignore")
-    v_dim = getattr(config, "v_head_dim", None)
-    qk_dim = getattr(config, "qk_head_dim", None) or (
-        (getattr(config, "qk_nope_head_dim", None) or 0) + (getattr(config, "qk_rope_head_dim", None) or 0)
-    ) or config_head_dim(config)
-    if scheme.name in ("tapa", "tape") and v_dim is not None and v_dim != qk_dim:
-        return (f"its values are {v_dim} wide and its queries/keys {qk_dim} (multi-head latent attention); "
-                f"{scheme.name.upper()} splits one head width across queries, keys and values")
-    if scheme.name == "tape":
-        return _tape_refusal(model, config)
-    return None
+from .schemes.base import rotary_dim
 
 
 def scheme_record(model_or_config: Any) -> SchemeRecord | None:
@@ -193,19 +111,13 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
     if not compose:
         check_not_an_export(config, config_scheme)
     family = family_for(config.model_type)
-    check_scheme(family, config_scheme.name)
-    reason = family_refusal(family, model, config_scheme)
-    if reason is not None:
-        raise FamilyRefused(
-            f"{config_scheme.name} cannot be applied to this {family.stock_model_type!r} model: {reason}. See "
-            "`hf-posenc families` for the families and schemes verified."
-        )
-    # CoPE's and p-RoPE's counts are over the rotated frequency pairs (partial rotary rotates a fraction of a
-    # head); TAPA splits whole heads.
+    check_scheme(family, config_scheme, model)
+    # A frequency scheme counts over the rotated frequency pairs (partial rotary rotates a fraction of a head); a
+    # scheme that splits whole heads (SchemeConfig.whole_head: TAPA) over the head width.
     current = scheme_record(config)
     original = copy.deepcopy(config.rope_parameters) if current is None else current.original_rope_parameters
     keys = rope_layer_keys(config, config_scheme.frequency_scheme().layers)
-    dims = [config_head_dim(config)] if config_scheme.name == "tapa" else [
+    dims = [config_head_dim(config)] if config_scheme.whole_head else [
         rotary_dim(config, original if k is None else original[k]) for k in keys
     ]
     for dim in dict.fromkeys(dims):

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .patching import layer_rope_parameters
+from .schemes.base import layer_rope_parameters
 
 
 def _foldable_factor(config: Any, params: dict[str, Any] | None) -> float | None:

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COPIED = ("hf_posenc", "tests", "recipes", "pyproject.toml", "README.md")  # what the tests import or read
+COPIED = ("hf_posenc", "tests", "recipes", "pyproject.toml", "README.md", "docs")  # what the tests import or read
 GUARD_MODULE = "_mutation_guard"
 GUARD_OK = "MUTATION-GUARD hf_posenc imported from the copy"
 GUARD = f'''"""Written by scripts/mutation_check.py: fail the run if hf_posenc is not the mutated copy's."""

@@ -345,9 +345,9 @@ def test_shipped_gpu_configs_parse_as_the_engines_read_them(tmp_path, name):
 
 
 # -- the table -----------------------------------------------------------------------------------------------------
-def test_engine_table_cells_name_tests_of_this_module_and_the_readme_embeds_it():
+def test_engine_table_cells_name_tests_of_this_module_and_the_docs_embed_it():
     """Each cell of hf_posenc/data/engines.json (written by scripts/engines_table.py from a run of this module)
-    names a test that exists here with that scheme; the README shows exactly the committed table."""
+    names a test that exists here with that scheme; docs/training.md shows exactly the committed table."""
     from hf_posenc.training.engines import ENGINE_SCHEMES, ENGINES, format_engine_table, load_engine_table
 
     table = load_engine_table()
@@ -359,5 +359,5 @@ def test_engine_table_cells_name_tests_of_this_module_and_the_readme_embeds_it()
             assert callable(getattr(module, name, None)), entry
             assert param in ("", f"{scheme}]"), entry
             assert (entry["status"] == "verified") == ("reason" not in entry), entry
-    readme = (REPO / "README.md").read_text()
-    assert format_engine_table(table) in readme, "README's engine table is stale: run scripts/engines_table.py"
+    page = (REPO / "docs" / "training.md").read_text()
+    assert format_engine_table(table) in page, "docs/training.md's engine table is stale: run scripts/engines_table.py"

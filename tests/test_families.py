@@ -137,10 +137,11 @@ def test_partial_rotary_counts_the_rotated_pairs():
     hf_posenc.patch_model(model, "cope", clip_low_n=pairs)
 
 
-def test_readme_embeds_the_generated_table():
+def test_docs_embed_the_generated_table():
     from pathlib import Path
 
     from hf_posenc.patches.table import format_table
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert format_table(TABLE, markdown=True) in readme, "README's table is stale: paste `hf-posenc families --markdown`"
+    page = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text()
+    assert format_table(TABLE, markdown=True) in page, \
+        "docs/families.md's table is stale: paste `hf-posenc families --markdown`"

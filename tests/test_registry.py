@@ -90,6 +90,24 @@ def test_a_registered_scheme_is_usable_by_name_with_no_other_edit(half_scheme):
         assert not torch.allclose(patched(ids).logits, stock(ids).logits, atol=1e-3)
 
 
+def test_a_registered_scheme_is_refused_where_every_scheme_is(half_scheme):
+    """OVERRIDES refusing every scheme of a family cover a scheme registered from outside the package too: it was
+    patched silently on phimoe (its rotary module reads LongRoPE's mscales, which the scheme's rope type lacks) and
+    moshi (its cached generation differs from its full forward even unpatched), where CoPE is refused."""
+    from family_matrix import stock_model
+    from hf_posenc.patches import EVERY_SCHEME, OVERRIDES, FamilyRefused, family_for, family_refusal
+
+    assert {"phimoe", "moshi"} <= {t for t, o in OVERRIDES.items() if EVERY_SCHEME in o.get("refusals", {})}
+    for model_type in ("phimoe", "moshi"):
+        family = family_for(model_type)
+        assert family_refusal(family, "test_half") == family_refusal(family, "cope") is not None
+        model = stock_model(model_type)
+        for scheme in ("cope", "test_half"):
+            with pytest.raises(FamilyRefused, match=f"{scheme} cannot be applied to model type '{model_type}': "):
+                hf_posenc.patch_model(model, scheme)
+        assert hf_posenc.get_scheme(model) is None
+
+
 def test_the_remote_bundle_is_derived_from_the_registry():
     modules = remote_code.bundle()
     for scheme in REGISTRY.values():

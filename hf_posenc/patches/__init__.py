@@ -12,10 +12,12 @@ import contextlib
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from ..schemes import SchemeConfig
+from ..schemes.base import layer_rope_parameters
 from ..upstream import extra_config_types, set_extra_config_types
 from .base import MODEL_TYPE_PREFIX, Family
 from .derive import FamilyRefused, derive, static_refusal
-from .table import SCHEMES, verified_types
+from .table import verified_types
 
 _LAYERS_NOTE = "schemes apply to the global (full-attention) layers unless layers='all' is given"
 _NOPE_NOTE = "layers without positional encoding (no_rope_layers) stay without it"
@@ -25,8 +27,11 @@ _TAPE_NOPE = "TAPE rotates queries and keys in every layer, but this family has 
 _TAPE_NOPE_LAYERS = "TAPE rotates queries and keys in every layer, but this family's full-attention layers use none"
 
 
+EVERY_SCHEME = "*"  # an OVERRIDES refusal for every scheme, those registered from outside the package included
+
+
 def _every(reason: str) -> dict[str, str]:
-    return dict.fromkeys(SCHEMES, reason)
+    return {EVERY_SCHEME: reason}
 
 
 # What differs per family, keyed by stock model type: notes for the user and schemes refused with the reason.
@@ -113,14 +118,48 @@ def family_for(model_type: str) -> Family:
     )
 
 
-def check_scheme(family: Family, scheme: str) -> None:
-    """Raise :class:`FamilyRefused` when the family cannot take ``scheme``, naming the reason and the families
-    the test matrix verified with it."""
-    reason = family.refusals.get(scheme)
+def family_refusal(family: Family, scheme: str) -> str | None:
+    """Why every model of ``family`` refuses ``scheme`` (its :data:`OVERRIDES` entry for that scheme, or for
+    :data:`EVERY_SCHEME`, which covers schemes registered from outside the package too), or ``None``."""
+    return family.refusals.get(scheme, family.refusals.get(EVERY_SCHEME))
+
+
+def model_refusal(scheme: SchemeConfig, model: Any) -> str | None:
+    """Why this loaded ``model`` cannot take ``scheme``, or ``None``: what its config holds (rotary parameters of
+    one text position, rope types Transformers knows, one config for every layer), then the scheme's own rules
+    (:meth:`~hf_posenc.schemes.SchemeConfig.model_refusal`)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = model.config
+    rope = getattr(config, "rope_parameters", None)
+    if not isinstance(rope, dict) or not rope:
+        return "the config has no rope_parameters (not a rotary model)"
+    for params in layer_rope_parameters(config):
+        if "mrope_section" in params or "mrope_interleaved" in params:
+            return "multimodal 3-D rotary positions (mrope_section): no single text position to act on"
+        rope_type = params.get("rope_type", "default")
+        if rope_type != "default" and rope_type not in ROPE_INIT_FUNCTIONS:
+            return f"rope type {rope_type!r} has no entry in Transformers' ROPE_INIT_FUNCTIONS"
+    if getattr(config, "is_heterogeneous", False):
+        return "per-layer configs (head dims and rotary settings vary by layer), which hf-posenc does not read"
+    return scheme.model_refusal(model)
+
+
+def check_scheme(family: Family, scheme: str | SchemeConfig, model: Any = None) -> None:
+    """The one answer to "can this family (and this loaded model) take this scheme?": raise :class:`FamilyRefused`
+    naming the reason (:func:`family_refusal`, then with a model :func:`model_refusal`) and where to look."""
+    name = scheme if isinstance(scheme, str) else scheme.name
+    reason = family_refusal(family, name)
     if reason is not None:
         raise FamilyRefused(
-            f"{scheme} cannot be applied to model type {family.stock_model_type!r}: {reason}. Families verified "
-            f"with {scheme}: {verified_types(scheme)} (see `hf-posenc families`)."
+            f"{name} cannot be applied to model type {family.stock_model_type!r}: {reason}. Families verified "
+            f"with {name}: {verified_types(name)} (see `hf-posenc families`)."
+        )
+    reason = None if model is None or isinstance(scheme, str) else model_refusal(scheme, model)
+    if reason is not None:
+        raise FamilyRefused(
+            f"{name} cannot be applied to this {family.stock_model_type!r} model: {reason}. See "
+            "`hf-posenc families` for the families and schemes verified."
         )
 
 
@@ -153,4 +192,5 @@ def install_lookup() -> None:
 
 install_lookup()
 
-__all__ = ["FAMILIES", "OVERRIDES", "Family", "FamilyRefused", "family_for", "check_scheme"]
+__all__ = ["EVERY_SCHEME", "FAMILIES", "OVERRIDES", "Family", "FamilyRefused", "check_scheme", "family_for",
+           "family_refusal", "model_refusal"]

@@ -19,7 +19,7 @@ from huggingface_hub.dataclasses import strict
 
 from ..record import RECORD_KEY, SchemeRecord
 from ..schemes import ROPE_TYPES, Scheme, SchemeConfig, on_register
-from ..schemes.cope import rotary_dim
+from ..schemes.base import rotary_dim
 
 GLOBAL_LAYER_TYPE = "full_attention"
 MODEL_TYPE_PREFIX = "hf_posenc_"

@@ -12,8 +12,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..schemes import SCHEMES as REGISTERED
+
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "families.json"
-SCHEMES = ("cope", "hardclip", "prope", "rope", "tapa", "tape")
+SCHEMES = tuple(sorted(REGISTERED))  # the table's columns: the schemes of the package, by name
 
 
 @functools.cache
@@ -33,7 +35,7 @@ def verified_types(scheme: str) -> list[str]:
 
 
 def format_table(table: dict[str, Any], markdown: bool = False) -> str:
-    """The table as aligned text (``hf-posenc families``) or as Markdown (for the README)."""
+    """The table as aligned text (``hf-posenc families``) or as Markdown (for docs/families.md)."""
     schemes = table["schemes"]
     rows = []
     for model_type, row in sorted(table["families"].items()):

@@ -29,6 +29,19 @@ def head_dim(config: Any) -> int:
     return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
 
 
+def rotary_dim(config: Any, params: dict[str, Any]) -> int:
+    """The rotated head dimensions, as Transformers' rope init functions compute them:
+    ``int(head_dim · partial_rotary_factor)``."""
+    return int(head_dim(config) * params.get("partial_rotary_factor", 1.0))
+
+
+def layer_rope_parameters(config: Any) -> list[dict[str, Any]]:
+    """The rope parameters of each layer type of a config (one dict, or one per nested layer type)."""
+    rope = config.rope_parameters
+    nested = config.nested_rope_parameter_keys(rope)
+    return [rope[k] for k in nested if rope[k] is not None] if nested else [rope]
+
+
 def check_type(scheme: str, name: str, value: Any, kinds: tuple[type, ...], optional: bool = False) -> None:
     """Raise ``TypeError`` unless ``value`` is one of ``kinds`` (``bool`` never counts as a number).
 
@@ -77,6 +90,43 @@ class SchemeConfig:
     def frequency_scheme(self) -> SchemeConfig:
         """The scheme whose ``rope_parameters`` set the rotary frequencies (itself, or a nested one for TAPE)."""
         return self
+
+    # -- capabilities: what the rest of hf-posenc asks a scheme (it reads these, never a scheme's name) ----------
+    # The scheme computes attention itself (TAPA's score, eq. 12; TAPE's token mixing, eq. 6-7): a model whose
+    # attention has parts of its own (sinks, gates, latent attention) would lose them.
+    computes_attention: ClassVar[bool] = False
+    # The scheme's options count over the whole head width (TAPA splits each head), not the rotated pairs.
+    whole_head: ClassVar[bool] = False
+
+    def model_refusal(self, model: Any) -> str | None:
+        """Why this scheme cannot patch ``model`` (a loaded causal LM whose family may take it), or ``None``.
+
+        Frequency schemes change only ``rope_parameters`` and take any model whose family takes them; a scheme
+        that computes attention refuses attention parts it would drop. Subclasses add their own layout rules.
+        """
+        if not self.computes_attention:
+            return None
+        config = model.config
+        layers = getattr(getattr(model, "model", None), "layers", None) or []
+        attn = getattr(layers[0], "self_attn", None) if len(layers) else None
+        own = [name for name, _ in attn.named_parameters(recurse=False)] if attn is not None else []
+        if own:
+            return (f"its attention has parameters of its own ({', '.join(own)}: attention sinks or gates) that "
+                    f"{self.name.upper()}'s attention would ignore")
+        v_dim = getattr(config, "v_head_dim", None)
+        qk_dim = getattr(config, "qk_head_dim", None) or (
+            (getattr(config, "qk_nope_head_dim", None) or 0) + (getattr(config, "qk_rope_head_dim", None) or 0)
+        ) or head_dim(config)
+        if v_dim is not None and v_dim != qk_dim:
+            return (f"its values are {v_dim} wide and its queries/keys {qk_dim} (multi-head latent attention); "
+                    f"{self.name.upper()} splits one head width across queries, keys and values")
+        return None
+
+    @classmethod
+    def context_parallel_refusal(cls) -> str | None:
+        """Why the scheme cannot run under context parallelism (the sequence sharded over devices with ring
+        attention over SDPA), or ``None``: frequency schemes change only each position's rotary frequencies."""
+        return None
 
     # -- modules a scheme adds to the model (TAPE); frequency and attention schemes add none ------------------
     trainable_modules: ClassVar[tuple[str, ...]] = ()

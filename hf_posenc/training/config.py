@@ -320,8 +320,8 @@ class EvaluationSection:
 
 
 def uses_custom_attention(scheme: Any) -> bool:
-    """True for schemes that compute attention or rotate queries themselves (TAPA, TAPE)."""
-    return scheme.attn_implementation is not None or bool(scheme.trainable_modules)
+    """True for schemes that compute attention or rotate queries themselves (``SchemeConfig.computes_attention``)."""
+    return scheme.computes_attention
 
 
 @dataclass

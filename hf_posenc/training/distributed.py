@@ -113,20 +113,12 @@ def check_adapter_complete(model: nn.Module, directory: str | os.PathLike, adapt
 
 def context_parallel_refusal(scheme_name: str) -> str | None:
     """Why ``scheme_name`` cannot run with context parallelism (sequence shards over devices with ring attention
-    over SDPA), or ``None`` for the frequency schemes, which only change the rotary frequencies of each position.
+    over SDPA), or ``None``: the scheme's own answer (:meth:`~hf_posenc.schemes.SchemeConfig.context_parallel_refusal`)
+    with the engines that do work."""
+    from ..schemes import SCHEMES
 
-    TAPA (eq. 12) replaces the attention function: a ring pass would have to carry K/V *with their positions* and
-    apply the phase ``cos(2π·|m−n|^α·φ)`` per block pair. TAPE (eq. 7) mixes positional states through the
-    attention weights, so its state would have to ride with V around the ring. Neither exists today."""
-    if scheme_name == "tapa":
-        return ("TAPA computes its own attention (amplitude × cos(2π|m−n|^α·phase), eq. 12), which PyTorch's "
-                "context parallelism (ring attention over SDPA) cannot shard; it would need a ring pass of K/V "
-                "with their positions. Use DDP, FSDP2 or ZeRO-3 without cp_size")
-    if scheme_name == "tape":
-        return ("TAPE mixes its positional states through the attention weights (eq. 7), so each sequence "
-                "shard would need the states riding with V around the ring, which context parallelism does not "
-                "pass. Use DDP, FSDP2 or ZeRO-3 without cp_size")
-    return None
+    reason = SCHEMES[scheme_name].context_parallel_refusal()
+    return None if reason is None else f"{reason}. Use DDP, FSDP2 or ZeRO-3 without cp_size"
 
 
 def requested_context_parallel_size(args: Any = None) -> int:

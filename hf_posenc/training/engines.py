@@ -27,7 +27,7 @@ def load_engine_table() -> dict[str, Any]:
 
 
 def format_engine_table(table: dict[str, Any]) -> str:
-    """The table as Markdown (the README embeds it)."""
+    """The table as Markdown (docs/training.md embeds it)."""
     lines = ["| scheme | " + " | ".join(ENGINES) + " |", "|---|" + "---|" * len(ENGINES)]
     reasons: dict[str, int] = {}
     for scheme in ENGINE_SCHEMES:

@@ -9,14 +9,8 @@ from typing import Any
 
 import torch
 
-from ..base import head_dim as config_head_dim
+from ..base import rotary_dim
 from .config import SCHEME_KEYS, taper_factors, taper_weights
-
-
-def rotary_dim(config: Any, params: dict[str, Any]) -> int:
-    """The rotated head dimensions, as Transformers' rope init functions compute them:
-    ``int(head_dim · partial_rotary_factor)``."""
-    return int(config_head_dim(config) * params.get("partial_rotary_factor", 1.0))
 
 
 def clipped_rope_init(

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from ...upstream import supports_attention_backend
 from ..base import SchemeConfig, check_type
 
 ATTN_NAME = "hf_posenc_tapa"
@@ -28,6 +29,8 @@ class TAPAConfig(SchemeConfig):
     name: ClassVar[str] = "tapa"
     paper: ClassVar[str] = "Token-Aware Phase Attention (tapa-token-aware-phase-attention, eq. 12)"
     attn_implementation: ClassVar[str | None] = ATTN_NAME
+    computes_attention: ClassVar[bool] = True
+    whole_head: ClassVar[bool] = True  # θ splits each whole head into amplitude and phase dims (eq. 12)
     layers: Literal["global", "all"] = "all"
     alpha: float = 0.1
     theta: float = 0.5
@@ -51,6 +54,23 @@ class TAPAConfig(SchemeConfig):
         if self.backend not in ("auto", "triton", "chunked", "reference"):
             raise ValueError(
                 f"tapa: backend must be 'auto', 'triton', 'chunked' or 'reference', got {self.backend!r}.")
+
+    def model_refusal(self, model: Any) -> str | None:
+        """TAPA is an ``AttentionInterface`` function: the model must compute attention through Transformers'
+        attention interface, and soft-capping (Gemma2) has no meaning for TAPA's scores."""
+        if not supports_attention_backend(type(model)):
+            return "its attention does not go through Transformers' attention interface, which TAPA replaces"
+        if getattr(model.config, "attn_logit_softcapping", None) is not None:
+            return ("attention-logit soft-capping does not apply to TAPA scores; set config.attn_logit_softcapping = "
+                    "None before patching")
+        return super().model_refusal(model)
+
+    @classmethod
+    def context_parallel_refusal(cls) -> str | None:
+        """A ring pass over SDPA would have to carry K/V with their positions and apply eq. 12's phase per block."""
+        return ("TAPA computes its own attention (amplitude × cos(2π|m−n|^α·phase), eq. 12), which PyTorch's "
+                "context parallelism (ring attention over SDPA) cannot shard; it would need a ring pass of K/V "
+                "with their positions")
 
     def check_model(self, head_dim: int) -> None:
         from ...kernels.tapa.naive import tapa_split

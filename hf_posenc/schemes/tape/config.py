@@ -13,6 +13,7 @@ from ..base import FrequencySchemeConfig, SchemeConfig, check_type
 from ..registry import make_scheme
 from ..rope import RoPEConfig
 from .attention import ATTN_NAME
+from .layout import layout_refusal
 from .modeling import install_tape, uninstall_tape
 
 
@@ -34,6 +35,7 @@ class TAPEConfig(SchemeConfig):
     name: ClassVar[str] = "tape"
     paper: ClassVar[str] = "Rethinking Addressing in Language Models via Contextualized Equivariant PE (TAPE, eq. 6-8)"
     trainable_modules: ClassVar[tuple[str, ...]] = ("tape",)
+    computes_attention: ClassVar[bool] = True
     layers: Literal["global", "all"] = "all"
     hidden: int | None = None
     frequencies: dict[str, Any] | None = None
@@ -71,6 +73,18 @@ class TAPEConfig(SchemeConfig):
 
     def check_model(self, head_dim: int) -> None:
         self.frequency_scheme().check_model(head_dim)
+
+    def model_refusal(self, model: nn.Module) -> str | None:
+        """The attention parts TAPE would drop (base class), then the decoder layouts its layer forward
+        reproduces (:func:`~.layout.layout_refusal`)."""
+        return super().model_refusal(model) or layout_refusal(model)
+
+    @classmethod
+    def context_parallel_refusal(cls) -> str | None:
+        """Eq. 7 mixes the states with the attention weights: they would have to ride with V around the ring."""
+        return ("TAPE mixes its positional states through the attention weights (eq. 7), so each sequence "
+                "shard would need the states riding with V around the ring, which context parallelism does not "
+                "pass")
 
     def resolved(self, head_dim: int) -> TAPEConfig:
         inner = self.frequency_scheme().resolved(head_dim)
