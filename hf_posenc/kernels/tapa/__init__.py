@@ -23,6 +23,7 @@ import os
 
 import torch
 
+from ..optional import needs_triton, triton_missing
 from .chunked import tapa_attention_chunked
 from .naive import TapaArgs, tapa_attention_reference, tapa_op, tapa_split, validate_tapa_args
 
@@ -31,15 +32,9 @@ try:
 
     TRITON_IMPORT_ERROR: ImportError | None = None
 except ModuleNotFoundError as exc:  # only a missing Triton package; any other import error propagates
-    if not (exc.name or "").startswith("triton"):
-        raise
-    TRITON_IMPORT_ERROR = exc
-
-    def tapa_attention_triton(*args, **kwargs):  # noqa: D103 - same signature as the kernel's entry point
-        raise ImportError(
-            "tapa_attention_triton needs Triton, which is not installed: `pip install hf-posenc[triton]` "
-            "(or call tapa_attention_chunked / tapa_attention_reference)"
-        ) from TRITON_IMPORT_ERROR
+    TRITON_IMPORT_ERROR = triton_missing(exc)
+    tapa_attention_triton = needs_triton("tapa_attention_triton",
+                                         "tapa_attention_chunked / tapa_attention_reference", exc)
 
 __all__ = [
     "tapa_attention",

@@ -8,7 +8,8 @@ last Lq positions (causal: key j visible to query i iff j <= i + Lk − Lq), key
 bool with True = attend, scale defaults to D ** -0.5; rows with no visible key return zeros.
 
 `tape_attention` runs the fused Triton kernel when the inputs live on CUDA or TRITON_INTERPRET=1 is set
-(CPU tests), and the eager reference otherwise (and for float64 inputs, which the kernel does not take).
+(CPU tests), and the eager reference otherwise (and for float64 inputs, which the kernel does not take, or
+without Triton installed: then `tape_attention_triton` raises an ImportError that says how to install it).
 The variants are exported too: `tape_attention_reference` (the specification), `tape_attention_sdpa`
 (E folded into extra value channels of one SDPA call) and `tape_attention_triton`.
 """
@@ -19,9 +20,17 @@ import os
 
 import torch
 
+from ..optional import needs_triton, triton_missing
 from .naive import TapeArgs, tape_attention_reference, tape_op, validate_tape_args
 from .sdpa import tape_attention_sdpa
-from .triton_tape import tape_attention_triton
+
+try:
+    from .triton_tape import tape_attention_triton
+
+    TRITON_IMPORT_ERROR: ImportError | None = None
+except ModuleNotFoundError as exc:  # only a missing Triton package; any other import error propagates
+    TRITON_IMPORT_ERROR = triton_missing(exc)
+    tape_attention_triton = needs_triton("tape_attention_triton", "tape_attention_reference", exc)
 
 __all__ = [
     "TapeArgs",
@@ -37,7 +46,7 @@ __all__ = [
 def uses_triton(q: torch.Tensor) -> bool:
     """True when `tape_attention` would run the Triton kernel for this query tensor."""
     interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
-    return (q.device.type == "cuda" or interpret) and q.dtype != torch.float64
+    return TRITON_IMPORT_ERROR is None and (q.device.type == "cuda" or interpret) and q.dtype != torch.float64
 
 
 @tape_op
