@@ -2,7 +2,7 @@
 
 ```python
 import hf_posenc
-model = AutoModelForCausalLM.from_pretrained(...)
+model = hf_posenc.load_model("@smollm2")           # embedded SmolLM2-135M, offline; or AutoModelForCausalLM...
 hf_posenc.patch_model(model, scheme="cope")        # or "hardclip", "prope", "rope"
 model.save_pretrained("out")                        # the scheme is recorded in config.json
 AutoModelForCausalLM.from_pretrained("out")         # patched again (after `import hf_posenc`)
@@ -25,6 +25,7 @@ from .patching import get_scheme, patch_model  # noqa: E402
 from .export import export_stock  # noqa: E402
 from .gguf_export import export_gguf  # noqa: E402
 from .hub import push_to_hub  # noqa: E402
+from .models import load_model  # noqa: E402
 from . import remote_code  # noqa: E402,F401  (registers the remote-code writer of save_pretrained)
 
 __version__ = LIBRARY_VERSION
@@ -55,7 +56,7 @@ def _guard_peft() -> None:
 _guard_peft()
 
 __all__ = [
-    "patch_model", "get_scheme", "export_stock", "export_gguf", "push_to_hub", "make_scheme", "register_scheme",
+    "patch_model", "get_scheme", "load_model", "export_stock", "export_gguf", "push_to_hub", "make_scheme", "register_scheme",
     "SCHEMES", "FAMILIES", "SchemeConfig",
     "CoPEConfig", "HardClipConfig", "PRoPEConfig", "RoPEConfig", "TAPAConfig", "TAPEConfig", "FORMAT_VERSION", "__version__",
 ]

