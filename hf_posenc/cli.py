@@ -134,14 +134,11 @@ def cmd_families(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mount(sub, name: str, help_text: str, module: str, add: str, run: str) -> None:
-    """A subcommand whose implementation lives in another module (imported only when the command runs)."""
-    import importlib
-
-    mod = importlib.import_module(module)
+def _mount(sub, name: str, help_text: str, add: Any, run: Any) -> None:
+    """A subcommand whose arguments and implementation live in another module."""
     p = sub.add_parser(name, help=help_text)
-    getattr(mod, add)(p)
-    p.set_defaults(func=getattr(mod, run))
+    add(p)
+    p.set_defaults(func=run)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -180,16 +177,22 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=20)
     p.set_defaults(func=cmd_demo)
 
+    from .diagnostics.cli import add_diagnose_arguments, run_diagnose
+    from .evaluation.cli import add_eval_arguments, run_eval
+    from .experiments.cli import add_experiment_arguments, run_experiment
+    from .selftest.cli import add_selftest_arguments, run_selftest_command
+    from .training.cli import add_train_arguments, run_train
+
     _mount(sub, "train", "PEFT context-extension fine-tuning from a recipe (recipes/*.yaml)",
-           "hf_posenc.training.cli", "add_train_arguments", "run_train")
+           add_train_arguments, run_train)
     _mount(sub, "eval", "sliding-window perplexity, passkey and needle tasks at several lengths",
-           "hf_posenc.evaluation.cli", "add_eval_arguments", "run_eval")
+           add_eval_arguments, run_eval)
     _mount(sub, "diagnose", "the papers' analyses (frequency usage, positional heads, disentanglement, ...)",
-           "hf_posenc.diagnostics.cli", "add_diagnose_arguments", "run_diagnose")
+           add_diagnose_arguments, run_diagnose)
     _mount(sub, "experiment", "miniature reproductions of the papers' claims: every scheme side by side, several seeds",
-           "hf_posenc.experiments.cli", "add_experiment_arguments", "run_experiment")
+           add_experiment_arguments, run_experiment)
     _mount(sub, "selftest", "check every TAPA/TAPE kernel against its reference, then time them against RoPE",
-           "hf_posenc.selftest.cli", "add_selftest_arguments", "run_selftest_command")
+           add_selftest_arguments, run_selftest_command)
     return parser
 
 

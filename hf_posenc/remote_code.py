@@ -5,8 +5,10 @@ The files are hf-posenc's own modules, copied as they are, with their relative i
 folder Transformers' dynamic modules use, plus a small entry module per model family that ``auto_map`` points to.
 Which modules travel is derived, not listed: the patched classes (``patches.base``) and the package of every
 registered scheme (:data:`hf_posenc.schemes.REGISTRY`), closed under their relative imports (read with ``ast``).
-An import inside ``try`` is optional (Transformers' rule for custom code): it is not bundled and points at the
-installed hf-posenc, so the schemes' Triton kernels stay out and the remote code runs the readable references.
+The modules left out are declared in :data:`OPTIONAL` (the Triton kernels): they are imported only inside ``try``
+(Transformers' rule for custom code: an import there may fail), point at the installed hf-posenc, and without it
+the remote code runs the readable references. An optional module imported outside ``try``, or a ``try`` import
+of a module not declared, is refused when the bundle is built.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ from .record import LIBRARY_VERSION
 from .schemes import REGISTRY
 
 PACKAGE = "hf_posenc"
+# Modules the remote code leaves out: the kernel packages' dispatchers, which import the Triton kernels (their
+# readable and CPU submodules travel). Imported inside ``try`` only, from the installed package.
+OPTIONAL = ("kernels.tapa", "kernels.tape")
 ENTRY = "hf_posenc_remote"
 _ROOT = Path(__file__).parent
 _FROM = re.compile(r"from\s+\.+[\w.]*\s+import")  # the head of one located ``from .x import`` statement
@@ -71,13 +76,21 @@ def _relative_imports(module: str) -> list[_Import]:
         if node.module is None and any(_path(f"{target}.{a.name}".lstrip("."))[0].exists() for a in node.names):
             raise RuntimeError(f"remote code: {path.name}:{node.lineno} imports a submodule with `from . import`;"
                                " write `from .<submodule> import <names>`.")
-        found.append(_Import(node, target, id(node) in in_try))
+        optional = target in OPTIONAL
+        if optional != (id(node) in in_try):
+            raise RuntimeError(
+                f"remote code: {path.name}:{node.lineno} imports {target!r} "
+                + ("outside `try`, but it is declared optional (remote_code.OPTIONAL): import it inside `try`."
+                   if optional else "inside `try`: declare it in remote_code.OPTIONAL to leave it out of the "
+                   "remote code, or import it outside `try` to bundle it.")
+            )
+        found.append(_Import(node, target, optional))
     return found
 
 
 def bundle(roots: list[str] | None = None) -> tuple[str, ...]:
     """The modules the remote code carries: ``roots`` (default: ``patches.base`` and every registered hf-posenc
-    scheme's package) and every module they import, except imports inside ``try``."""
+    scheme's package) and every module they import, except the :data:`OPTIONAL` ones."""
     if roots is None:
         roots = ["patches.base"] + [s.package.removeprefix(f"{PACKAGE}.") for s in REGISTRY.values()
                                     if s.package.startswith(f"{PACKAGE}.")]

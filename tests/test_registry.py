@@ -108,6 +108,24 @@ def test_a_registered_scheme_is_refused_where_every_scheme_is(half_scheme):
         assert hf_posenc.get_scheme(model) is None
 
 
+@pytest.mark.parametrize("source, match", [
+    ("from ..kernels.tapa import x\n", "outside `try`, but it is declared optional"),
+    ("try:\n    from ..kernels.other import x\nexcept ImportError:\n    x = None\n",
+     "inside `try`: declare it in remote_code.OPTIONAL"),
+])
+def test_the_optional_modules_of_the_remote_code_are_declared_and_imported_inside_try(tmp_path, monkeypatch,
+                                                                                      source, match):
+    """Which modules stay out of a checkpoint's remote code is the declared list remote_code.OPTIONAL, and each is
+    imported only inside `try` (where the remote code may lack it); either slip is refused when bundling."""
+    (tmp_path / "schemes").mkdir()
+    (tmp_path / "schemes" / "probe.py").write_text(source)
+    monkeypatch.setattr(remote_code, "_ROOT", tmp_path)
+    with pytest.raises(RuntimeError, match=match):
+        remote_code.bundle(["schemes.probe"])
+    (tmp_path / "schemes" / "probe.py").write_text("try:\n    from ..kernels.tapa import x\nexcept ImportError:\n    pass\n")
+    assert remote_code.bundle(["schemes.probe"]) == ("schemes.probe",)
+
+
 def test_the_remote_bundle_is_derived_from_the_registry():
     modules = remote_code.bundle()
     for scheme in REGISTRY.values():
