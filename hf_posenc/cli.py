@@ -8,6 +8,45 @@ import os
 import sys
 from typing import Any
 
+from .upstream import parser_has_subcommands, parser_option_strings, subcommand_parser
+
+
+class _Parser(argparse.ArgumentParser):
+    """An ArgumentParser (the top one and, through ``add_subparsers``, every subcommand's) whose errors name each
+    unknown ``--option`` among the arguments it parsed, with the closest option it does take."""
+
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
+        self._seen_args = list(sys.argv[1:] if args is None else args)
+        return super().parse_known_args(args, namespace)
+
+    def _unknown_options(self) -> list[str]:
+        """The ``--options`` among the parsed arguments that this parser does not take (nor abbreviates); a parser
+        with subcommands looks only before the subcommand, whose parser checks the rest."""
+        known = [s for s in parser_option_strings(self) if s.startswith("--")]
+        unknown = []
+        for arg in getattr(self, "_seen_args", []):
+            if arg == "--" or (parser_has_subcommands(self) and not arg.startswith("-")):
+                break
+            name = arg.split("=", 1)[0]
+            if not name.startswith("--") or name in known:
+                continue
+            if self.allow_abbrev and any(s.startswith(name) for s in known):
+                continue
+            unknown.append(name)
+        return list(dict.fromkeys(unknown))
+
+    def error(self, message: str) -> Any:  # exits 2, with this parser's usage
+        import difflib
+
+        known = [s for s in parser_option_strings(self) if s.startswith("--")]
+        notes = []
+        for name in self._unknown_options():
+            close = difflib.get_close_matches(name, known, n=1)
+            notes.append(f"unknown option {name}" + (f" (did you mean {close[0]}?)" if close else ""))
+        if notes:  # "unrecognized arguments: --lenghts 64" says no more than the notes; anything else follows them
+            message = "; ".join(notes) + ("" if message.startswith("unrecognized arguments") else f"; {message}")
+        super().error(message)
+
 
 def _parse_options(pairs: list[str]) -> dict[str, Any]:
     """``key=value`` pairs (see :func:`hf_posenc.schemes.spec.parse_key_values`); a malformed one exits with the
@@ -127,10 +166,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 def cmd_families(args: argparse.Namespace) -> int:
     """Print the family support table (``hf_posenc/data/families.json``, written by ``scripts/families_table.py``
-    from the checks ``tests/test_families.py`` runs)."""
+    from the checks ``tests/test_families.py`` runs), or only the rows of the model types given."""
+    import difflib
+
     from .patches.table import format_table, load_table
 
-    print(format_table(load_table(), markdown=args.markdown))
+    table = load_table()
+    families = table["families"]
+    unknown = []
+    for model_type in dict.fromkeys(t for t in args.model_types if t not in families):
+        close = difflib.get_close_matches(model_type.lower(), families, n=5)
+        unknown.append(f"{model_type!r} ({'close matches: ' + ', '.join(close) if close else 'no close match'})")
+    if unknown:
+        raise ValueError(f"unknown model type {'; '.join(unknown)}. `hf-posenc families` lists them all.")
+    if args.model_types:
+        table = {**table, "families": {t: families[t] for t in args.model_types}}
+    print(format_table(table, markdown=args.markdown))
     return 0
 
 
@@ -142,8 +193,11 @@ def _mount(sub, name: str, help_text: str, add: Any, run: Any) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="hf-posenc", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
+    from .record import LIBRARY_VERSION
+
+    parser = _Parser(prog="hf-posenc", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {LIBRARY_VERSION}")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("info", help="what positional-encoding scheme a checkpoint carries")
     _add_source(p)
@@ -170,6 +224,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("families", help="the support table: every rotary model type × scheme, as the tests found it")
+    p.add_argument("model_types", nargs="*", metavar="MODEL_TYPE",
+                   help="only these model types' rows, e.g. llama qwen3 (default: every one)")
     p.add_argument("--markdown", action="store_true", help="as a Markdown table (what docs/families.md embeds)")
     p.set_defaults(func=cmd_families)
 
@@ -202,7 +258,10 @@ def main(argv: list[str] | None = None) -> int:
         from .training.cli import main as train_main
 
         return train_main(argv[1:])
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser: its usage, and the option a misspelled one stands for
+        subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
     except (ValueError, TypeError, FileNotFoundError, OSError) as exc:

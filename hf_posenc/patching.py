@@ -129,9 +129,9 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
             return model
         if not replace:
             raise ValueError(
-                f"the model already carries scheme {current.scheme.name!r} ({current.scheme.to_dict()}); pass "
-                f"replace=True (in a training recipe: scheme.replace: true) to switch it to {config_scheme.name!r} "
-                f"with options {config_scheme.to_dict()}."
+                f"the model already carries scheme {current.scheme.name!r} ({current.scheme.to_dict()}); to switch "
+                f"it to {config_scheme.name!r} with options {config_scheme.to_dict()}, pass replace=True "
+                "(`hf-posenc patch --replace`, recipe `scheme.replace: true`)."
             )
 
     rope_parameters = scheme_rope_parameters(config, config_scheme, original, keys)

@@ -83,3 +83,19 @@ def parser_option(parser: argparse.ArgumentParser, flag: str) -> argparse.Action
 def parser_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """Every action of a parser (argparse private ``_actions``)."""
     return parser._actions
+
+
+def parser_option_strings(parser: argparse.ArgumentParser) -> list[str]:
+    """Every option string a parser takes (``-o``, ``--option``; argparse private ``_option_string_actions``)."""
+    return list(parser._option_string_actions)
+
+
+def parser_has_subcommands(parser: argparse.ArgumentParser) -> bool:
+    """Whether ``add_subparsers`` was called on a parser (argparse private ``_subparsers``)."""
+    return parser._subparsers is not None
+
+
+def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
+    """The parser of subcommand ``name`` (argparse private ``_SubParsersAction`` among ``_actions``)."""
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices[name]

@@ -241,3 +241,61 @@ def test_a_missing_source_is_named_as_such(tmp_path, capsys, monkeypatch):
     err = capsys.readouterr().err
     assert f"hf-posenc-tests/no-such-model: {message}" in err and "couldn't connect" not in err
     assert not (tmp_path / "o").exists()
+
+
+# -- the command line tells a new user what went wrong -------------------------------------------------------------
+def test_version_prints_the_library_version(capsys):
+    from hf_posenc.record import LIBRARY_VERSION
+
+    with pytest.raises(SystemExit) as exit_:
+        cli(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out.strip() == f"hf-posenc {LIBRARY_VERSION}"
+
+
+def test_families_takes_model_types_and_names_close_matches_for_an_unknown_one(capsys):
+    assert cli(["families", "llama", "qwen3"]) == 0
+    out = capsys.readouterr().out
+    types = [line for line in out.splitlines()[2:] if line and not line.startswith(" ")]
+    assert types == ["llama", "qwen3"], out
+    assert cli(["families", "--markdown", "qwen3"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| ") and "model type" not in line]
+    assert len(rows) == 1 and rows[0].startswith("| qwen3 |")
+    assert cli(["families", "llama", "lama"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown model type 'lama'" in err and "llama" in err.split("'lama'", 1)[1]
+
+
+def test_a_second_scheme_without_replace_names_the_command_line_flag(tmp_path, capsys):
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    assert cli(["patch", str(tmp_path / "base"), str(tmp_path / "cope"), "--scheme", "cope", "--no-tokenizer"]) == 0
+    capsys.readouterr()
+    assert cli(["patch", str(tmp_path / "cope"), str(tmp_path / "prope"), "--scheme", "prope", "--no-tokenizer"]) == 2
+    err = capsys.readouterr().err
+    assert "already carries scheme 'cope'" in err and "hf-posenc patch --replace" in err, err
+    assert "replace=True" in err and "scheme.replace: true" in err and not (tmp_path / "prope").exists()
+
+
+@pytest.mark.parametrize("argv, usage, message", [
+    (["eval", "m", "--lenghts", "64", "--out", "o"], "usage: hf-posenc eval ",
+     "unknown option --lenghts (did you mean --lengths?)"),
+    (["patch", "src", "out", "--shceme", "cope"], "usage: hf-posenc patch ",
+     "unknown option --shceme (did you mean --scheme?)"),
+    (["info", "src", "--gguf-fle", "m.gguf"], "usage: hf-posenc info ",
+     "unknown option --gguf-fle (did you mean --gguf-file?)"),
+    (["--verison"], "usage: hf-posenc [", "unknown option --verison (did you mean --version?)"),
+])
+def test_a_misspelled_option_is_reported_by_its_subcommand_with_the_close_match(capsys, argv, usage, message):
+    with pytest.raises(SystemExit) as exit_:
+        cli(argv)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith(usage) and message in err, err
+
+
+def test_help_and_abbreviated_options_still_work(capsys):
+    for argv, usage in ((["--help"], "usage: hf-posenc [-h] [--version]"),
+                        (["patch", "--help"], "usage: hf-posenc patch ")):
+        with pytest.raises(SystemExit) as exit_:
+            cli(argv)
+        assert exit_.value.code == 0 and capsys.readouterr().out.startswith(usage)
+    assert cli(["families", "--mark", "llama"]) == 0  # argparse's prefix of --markdown is not an unknown option
+    assert capsys.readouterr().out.startswith("| model type |")

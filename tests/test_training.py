@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -429,10 +430,49 @@ def test_resume_after_kill_repeats_the_loss_trajectory(workspace):
         return [(r["step"], r["loss"]) for r in read_log(workspace / name / "log.jsonl") if "loss" in r]
 
     resumed, uninterrupted = losses("killed"), losses("full-run")
+    # the run's mean loss covers every step, those before the resume too (the Trainer averages its session only)
+    mean = [next(r["train_loss"] for r in read_log(workspace / n / "log.jsonl") if "train_loss" in r)
+            for n in ("killed", "full-run")]
+    assert mean[0] == pytest.approx(mean[1], rel=1e-5)
     assert [s for s, _ in resumed] == list(range(1, steps + 1))
     assert [s for s, _ in resumed] == [s for s, _ in uninterrupted]
     for (step, a), (_, b) in zip(resumed, uninterrupted):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6), (step, resumed, uninterrupted)
+
+
+def test_resume_refuses_a_changed_recipe_and_ctrl_c_says_how_to_resume(workspace):
+    recipe = _recipe(workspace, "run", training={"max_steps": 40, "save_steps": 2})
+    (workspace / "run.yaml").write_text(yaml.safe_dump(recipe))
+    proc = subprocess.Popen(_train_cmd(workspace / "run.yaml"), env=_env(), stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    ckpt = workspace / "run" / "checkpoint-2" / "trainer_state.json"
+    deadline = time.time() + 120
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err.decode()[-2000:]
+    assert "interrupted; the newest complete checkpoint is" in err.decode() and "--resume`" in err.decode()
+    saved = (workspace / "run" / "recipe.yaml").read_text()
+
+    changed = subprocess.run(_train_cmd(workspace / "run.yaml", "context_length=16", "training.logging_steps=2",
+                                        "--resume"), env=_env(), capture_output=True)
+    assert changed.returncode == 2
+    message = changed.stderr.decode()
+    assert "the recipe differs from the one the run" in message and "context_length: 32 -> 16" in message
+    assert "logging_steps" not in message  # what is only logged may change
+    assert (workspace / "run" / "recipe.yaml").read_text() == saved  # the record still describes the run
+
+
+def test_an_output_that_cannot_be_written_is_refused_before_any_model_loads(workspace, capsys):
+    from hf_posenc.training.cli import main as train_main
+
+    (workspace / "a-file").write_text("")
+    recipe = _recipe(workspace, "a-file/run")
+    (workspace / "ro.yaml").write_text(yaml.safe_dump(recipe))
+    started = time.time()
+    assert train_main([str(workspace / "ro.yaml")]) == 2
+    assert "is not writable" in capsys.readouterr().err and time.time() - started < 10
 
 
 def test_two_process_run(workspace):

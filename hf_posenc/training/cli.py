@@ -27,6 +27,7 @@ def run_train(args: argparse.Namespace) -> int:
     """Validate and run a recipe; returns the exit status (2 for a bad recipe, with the reason on stderr)."""
     from .config import RecipeError, load_recipe
 
+    recipe = None
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.dry_run:
@@ -43,6 +44,15 @@ def run_train(args: argparse.Namespace) -> int:
     except RecipeError as exc:
         print(f"hf-posenc train: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        from .trainer import last_complete_checkpoint
+
+        last = None if recipe is None else last_complete_checkpoint(recipe.output.dir)
+        saved = (f"the newest complete checkpoint is {last}; continue from it with `hf-posenc train {args.recipe} "
+                 f"{' '.join(args.overrides)}{' ' if args.overrides else ''}--resume`" if last else
+                 "no checkpoint was saved yet (training.save_steps sets how often), so a new run starts over")
+        print(f"hf-posenc train: interrupted; {saved}.", file=sys.stderr)
+        return 130
     print(json.dumps({"output_dir": result.output_dir, "model_dir": result.model_dir,
                       "merged_dir": result.merged_dir, "log": result.log_path,
                       "final_loss": result.losses[-1] if result.losses else None, "notes": result.notes}, indent=2))

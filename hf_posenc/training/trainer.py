@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import tempfile
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -160,8 +161,20 @@ class JsonlLogCallback(TrainerCallback):
 
     def on_log(self, args, state, control, logs=None, **kwargs):  # noqa: D102
         if state.is_world_process_zero and logs:
+            if "train_loss" in logs:  # the Trainer averages this session's steps only: after a resume, the whole run
+                logs["train_loss"] = run_mean_loss(read_log(self.path), logs["train_loss"])
             with self.path.open("a") as fh:
                 fh.write(json.dumps({"step": state.global_step, "world_size": args.world_size, **logs}) + "\n")
+
+
+def run_mean_loss(records: list[dict[str, Any]], default: float) -> float:
+    """The mean training loss over every step of a run, from its logged losses weighted by the steps each log
+    covers (a resumed run's log holds the steps before the resume too); ``default`` when none was logged."""
+    logged = sorted((r["step"], r["loss"]) for r in records if "loss" in r and "step" in r)
+    total, steps, previous = 0.0, 0, 0
+    for step, loss in logged:
+        total, steps, previous = total + loss * (step - previous), steps + step - previous, step
+    return total / steps if steps else default
 
 
 def read_log(path: str | os.PathLike) -> list[dict[str, Any]]:
@@ -316,6 +329,48 @@ def check_launch(trainer: Trainer) -> None:
         )
 
 
+# Recipe keys a resumed run may change: what is logged, saved or evaluated, never what trains.
+CHANGEABLE_ON_RESUME = ("evaluation.", "training.logging_steps", "training.save_steps", "training.save_total_limit",
+                        "training.report_to", "training.disable_tqdm", "training.dataloader_num_workers")
+
+
+def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(data, dict):
+        return {k: v for key, value in data.items() for k, v in _flat(value, f"{prefix}{key}.").items()}
+    return {prefix.rstrip("."): data}
+
+
+def check_resumable(recipe: Recipe, out: Path) -> None:
+    """A resumed run continues the run ``out/recipe.yaml`` records: a recipe that changes what trains (context
+    length, data, scheme, learning rate, ...) would make that record misdescribe the first steps, so it is refused
+    naming each changed key; only :data:`CHANGEABLE_ON_RESUME` may differ."""
+    saved_path = out / "recipe.yaml"
+    if not saved_path.is_file():
+        return
+    saved = _flat(yaml.safe_load(saved_path.read_text()))
+    now = _flat(yaml.safe_load(yaml.safe_dump(recipe.to_dict(), sort_keys=False)))  # as the file would hold it
+    changed = sorted(k for k in set(saved) | set(now)
+                     if saved.get(k) != now.get(k) and not k.startswith(CHANGEABLE_ON_RESUME))
+    if changed:
+        shown = "; ".join(f"{k}: {saved.get(k)!r} -> {now.get(k)!r}" for k in changed[:8])
+        raise RecipeError(
+            f"--resume: the recipe differs from the one the run in {out} started with ({shown}"
+            f"{f' and {len(changed) - 8} more' if len(changed) > 8 else ''}). Resume with the recipe it recorded "
+            f"(`hf-posenc train {saved_path} --resume`), or start a new run in another output.dir."
+        )
+
+
+def check_writable(out: Path) -> None:
+    """Refuse an output directory this process cannot write, before any model loads."""
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise RecipeError(f"output.dir {out} is not writable ({exc.strerror or exc}); choose another output.dir "
+                          "or fix its permissions.") from exc
+
+
 def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     """Run ``recipe`` (already validated); ``resume`` continues from the newest checkpoint in ``output.dir``."""
     from ..patching import patch_model
@@ -327,6 +382,9 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     if not resume and last is not None:
         raise RecipeError(f"output.dir {out} already holds {Path(last).name}; pass --resume to continue that run "
                           "or choose another output.dir.")
+    if resume:
+        check_resumable(recipe, out)
+    check_writable(out)
 
     scheme = recipe.scheme_config()
     config = load_model_config(recipe)  # checks that need no weights
