@@ -33,6 +33,7 @@ from .record import EXPORT_KEY, LIBRARY_VERSION, RECORD_KEY
 from .schemes.base import FrequencySchemeConfig
 from .schemes.base import head_dim as config_head_dim
 from .schemes.cope import STOCK_INF_FACTOR, taper_factors
+from .upstream import name_or_path
 from .vllm_compat import fold_attention_factors, warn_vllm_differences
 
 CLIPPED = ("cope", "hardclip")
@@ -112,7 +113,7 @@ def stock_config(model_or_config: Any) -> Any:
         values.pop(key, None)
     values["rope_parameters"] = rope
     values[EXPORT_KEY] = {"scheme": record.scheme.name, "options": record.scheme.to_dict(),
-                          "exported_from": getattr(config, "_name_or_path", "") or None,
+                          "exported_from": name_or_path(config),
                           "library_version": LIBRARY_VERSION}
     stock = family.stock_config_class.from_dict(values)
     stock.architectures = [family.stock_model_class.__name__]

@@ -20,6 +20,7 @@ from typing import Any
 from .patches.base import register_publisher
 from .patching import check_patchable, scheme_record
 from .record import FORMAT_VERSION, LIBRARY_VERSION
+from .upstream import name_or_path
 
 # Formats that execute code when loaded (pickle) are never published.
 UNSAFE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
@@ -92,7 +93,7 @@ def _stage(model: Any, folder: Path, tokenizer: Any, stock: bool) -> tuple[str, 
     if record is None:
         raise ValueError("push_to_hub: this model carries no hf-posenc scheme; patch it first, or publish it with "
                          "Transformers' own `push_to_hub`.")
-    base_model = getattr(base.config, "_name_or_path", None) or None
+    base_model = name_or_path(base.config)
     if is_peft:
         if stock:
             raise ValueError("push_to_hub: stock=True exports full checkpoints, not adapters.")

@@ -15,6 +15,7 @@ from .record import EXPORT_KEY, RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
 from .schemes.base import head_dim as config_head_dim
 from .schemes.base import rotary_dim
+from .upstream import name_or_path
 
 
 def scheme_record(model_or_config: Any) -> SchemeRecord | None:
@@ -75,7 +76,7 @@ def check_not_an_export(config: Any, scheme: SchemeConfig) -> None:
     export = getattr(config, EXPORT_KEY, None)
     if not isinstance(export, dict):
         return
-    where = getattr(config, "_name_or_path", "") or "this model"
+    where = name_or_path(config) or "this model"
     source = export.get("exported_from")
     raise ValueError(
         f"{where} is a stock export of hf-posenc, written from {source or 'a patched model'} with scheme "

@@ -41,6 +41,12 @@ def attn_implementation(config: Any) -> str | None:
     return config._attn_implementation
 
 
+def name_or_path(config: Any) -> str | None:
+    """Where a config (so its model) was loaded from: the Hub id or folder ``from_pretrained`` read, or None
+    (``PretrainedConfig._name_or_path``: private, set by every ``from_pretrained``)."""
+    return getattr(config, "_name_or_path", None) or None
+
+
 def family_eager_attention(module_name: str) -> Callable[..., Any]:
     """A family's own eager attention function, ``eager_attention_forward`` in its modeling module (a module-level
     name every family defines; eager is not in ``ALL_ATTENTION_FUNCTIONS``)."""

@@ -141,3 +141,11 @@ def test_parser_option_strings_subcommands_and_their_parsers():
     assert {"--alpha", "-a", "-h", "--help"} <= set(upstream.parser_option_strings(parser))
     assert upstream.subcommand_parser(parser, "run") is child
     assert "--lengths" in upstream.parser_option_strings(child)
+
+
+def test_name_or_path_is_where_from_pretrained_read_the_config(tmp_path):
+    tiny_model("llama").save_pretrained(tmp_path)
+    from transformers import AutoConfig
+
+    assert upstream.name_or_path(AutoConfig.from_pretrained(tmp_path)) == str(tmp_path)
+    assert upstream.name_or_path(tiny_model("llama").config) is None  # built from a config, read from nowhere
