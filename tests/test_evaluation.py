@@ -356,7 +356,13 @@ def test_evaluate_schemes_rejects_a_bad_spec_before_loading_anything(tok, text):
     assert loads == []
 
 
-def test_cli_schemes_beside_a_saved_model(tok, text, tmp_path):
+def test_cli_schemes_beside_a_saved_model(tok, text, tmp_path, monkeypatch):
+    import hf_posenc.evaluation.cli as eval_cli
+
+    loads = []
+    real_load = eval_cli.load_model
+    monkeypatch.setattr(eval_cli, "load_model", lambda path, *a, **kw: loads.append(str(path)) or real_load(
+        path, *a, **kw))
     base_dir, other_dir = tmp_path / "base", tmp_path / "other"
     make_model(tok, seed=4).save_pretrained(base_dir)
     tok.save_pretrained(base_dir)
@@ -372,6 +378,7 @@ def test_cli_schemes_beside_a_saved_model(tok, text, tmp_path):
     assert run_eval(args) == 0
     data = json.loads((out / "results.json").read_text())
     assert [r["model"] for r in data["perplexity"]] == ["rope", "c3", "prope:p=0.5", "saved"]
+    assert loads == [str(base_dir), str(other_dir)]  # the base loaded once for its three schemes (a GGUF: once)
     assert data["settings"]["schemes"]["c3"] == {"scheme": "cope", **data["settings"]["schemes"]["c3"]}
     assert data["settings"]["schemes"]["c3"]["clip_low_n"] == 3 and data["settings"]["base"] == str(base_dir)
     values = [r["perplexity"] for r in data["perplexity"]]

@@ -138,9 +138,10 @@ def run_eval(args: argparse.Namespace) -> int:
     if schemes:
         (base_name, base_path), specs = specs[0], specs[1:]
         tokenizer = shared_tokenizer or load_tokenizer(base_path, args.gguf_file)
-        result = evaluate_schemes(lambda: load(base_name, base_path), schemes, tokenizer, tasks, args.lengths,
-                                  args.depths, **common)
+        base = load(base_name, base_path)  # loaded (a GGUF dequantized) once; each scheme patches a copy of it
+        result = evaluate_schemes(base, schemes, tokenizer, tasks, args.lengths, args.depths, **common)
         result.settings["base"] = base_path
+        del base
     for name, path in specs:  # one model in memory at a time
         model = load(name, path)
         tokenizer = shared_tokenizer or load_tokenizer(path, args.gguf_file)
