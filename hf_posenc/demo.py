@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from .patching import patch_model
-from .schemes import CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig, SchemeConfig
+from .schemes import CoPEConfig, HardClipConfig, PRoPEConfig, RoPEConfig, SchemeConfig, TAPAConfig, TAPEConfig
 
 PASSAGE = (
     "The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined movable "
@@ -34,6 +34,12 @@ DEMO_SCHEMES: list[tuple[str, SchemeConfig | None]] = [
     ("cope (10 of 32)", CoPEConfig()),
     ("hardclip (10 of 32)", HardClipConfig()),
     ("prope p=0.75", PRoPEConfig(p=0.75)),
+]
+# The attention schemes: TAPE at init is the original model exactly (its maps start at zero, §3.3); TAPA replaces
+# the attention score, so a RoPE-pretrained model patched with it is incoherent until trained (`hf-posenc train`).
+DEMO_ATTENTION_SCHEMES: list[tuple[str, SchemeConfig]] = [
+    ("tape (at init)", TAPEConfig()),
+    ("tapa (untrained)", TAPAConfig()),
 ]
 
 
@@ -65,14 +71,19 @@ def continuation(model: Any, tokenizer: Any, prompt: str, max_new_tokens: int) -
     return tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True)
 
 
-def run_demo(model: Any, tokenizer: Any, schemes=DEMO_SCHEMES, max_new_tokens: int = 20, progress: bool = True):
+def run_demo(model: Any, tokenizer: Any, schemes=DEMO_SCHEMES + DEMO_ATTENTION_SCHEMES, max_new_tokens: int = 20,
+             progress: bool = True):
     """Patch a copy of ``model`` with each scheme and measure it; returns one :class:`DemoRow` per scheme."""
+    import warnings
+
     from tqdm.auto import tqdm
 
     base_freq = rotary_inv_freq(model)
     rows = []
     for label, scheme in tqdm(schemes, desc="schemes", disable=not progress):
-        patched = model if scheme is None else patch_model(copy.deepcopy(model), scheme)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # TAPA's "needs training" warning: the row's label says it
+            patched = model if scheme is None else patch_model(copy.deepcopy(model), scheme)
         changed = int((rotary_inv_freq(patched) != base_freq).sum())
         rows.append(DemoRow(label, changed, perplexity(patched, tokenizer, PASSAGE),
                             continuation(patched, tokenizer, PROMPT, max_new_tokens)))

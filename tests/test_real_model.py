@@ -9,7 +9,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.cli import main as cli
-from hf_posenc.demo import DEMO_SCHEMES, PASSAGE, PROMPT, continuation, perplexity
+from hf_posenc.demo import DEMO_ATTENTION_SCHEMES, DEMO_SCHEMES, PASSAGE, PROMPT, continuation, perplexity, run_demo
 from hf_posenc.models import load_model, load_smollm2, smollm2_gguf
 
 pytestmark = pytest.mark.slow
@@ -32,6 +32,17 @@ def test_every_scheme_keeps_the_model_coherent(smollm2):
         assert ppl < 1.5 * baseline, (label, ppl, baseline)
         assert any(color in text.lower() for color in ("red", "blue", "yellow", "green")), (label, text)
         del patched
+
+
+def test_the_demo_shows_tape_exact_at_init(smollm2):
+    """TAPE's demo row is the original model exactly (§3.3). The TAPA row (untrained: incoherent, which is why it
+    needs training) is left to the demo itself: under the suite's Triton interpreter it would take minutes."""
+    model, tokenizer = smollm2
+    assert [label for label, _ in DEMO_ATTENTION_SCHEMES] == ["tape (at init)", "tapa (untrained)"]
+    rows = {r.label: r for r in run_demo(model, tokenizer, DEMO_SCHEMES[:1] + DEMO_ATTENTION_SCHEMES[:1],
+                                          max_new_tokens=8, progress=False)}
+    rope, tape = rows["rope (unpatched)"], rows["tape (at init)"]
+    assert tape.perplexity == rope.perplexity and tape.continuation == rope.continuation
 
 
 def test_round_trip_through_save_and_load(smollm2, tmp_path):
