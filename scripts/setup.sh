@@ -18,9 +18,16 @@ echo "setup: building $VENV from requirements/lock.txt" >&2
 rm -rf "$VENV"
 "$BASE_PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
+began=$(date +%s)
+step() { echo "setup: [$1/4] $2 ($(( $(date +%s) - began )) s so far)" >&2; }
+step 1 "$TORCH_PIN, the CPU wheel"
 "${PIP[@]}" install "$TORCH_PIN" 2> >(grep -v "is neither a file nor a directory" >&2)
+step 2 "the $(grep -vc '^#' requirements/lock.txt) locked packages (transformers, peft, deepspeed, triton, ...)"
 "${PIP[@]}" install --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
+step 3 "hf-posenc itself (editable)"
 "${PIP[@]}" install --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
+step 4 "checking that the environment's packages fit together"
 source scripts/lib/check_env.sh
 check_env "$VENV" "setup: inconsistent environment (fix requirements/lock.txt, e.g. bash scripts/lock.sh)"
 echo "$want" > "$stamp"
+echo "setup: $VENV ready in $(( $(date +%s) - began )) s" >&2
