@@ -136,19 +136,27 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_stock
-    from .models import load_model
+    from .models import load_model, load_tokenizer
 
     if args.gguf is None:  # else OUTPUT is a GGUF file for llama.cpp (export_gguf refuses an existing one)
         _check_output(args)
-    model = load_model(args.source, args.gguf_file)
     if args.gguf is not None:
         from .gguf_export import export_gguf
+        from .models import has_tokenizer, load_tokenizer
 
-        export_gguf(model, args.output, args.gguf, tokenizer=_source_tokenizer(args), llama_cpp=args.llama_cpp,
+        if args.tokenizer is None and (args.no_tokenizer or not has_tokenizer(args.source, args.gguf_file)):
+            raise ValueError("a GGUF file carries the vocabulary, and "
+                             + ("--no-tokenizer was given" if args.no_tokenizer else f"{args.source} has no tokenizer")
+                             + ": pass --tokenizer DIR_OR_HUB_ID (the base model's, for a checkpoint saved alone).")
+        tokenizer = load_tokenizer(args.tokenizer or args.source, None if args.tokenizer else args.gguf_file)
+        model = load_model(args.source, args.gguf_file)
+        export_gguf(model, args.output, args.gguf, tokenizer=tokenizer, llama_cpp=args.llama_cpp,
                     overwrite=args.overwrite)
         print(f"exported for llama.cpp ({args.gguf}) -> {args.output}")
         return 0
-    export_stock(model, args.output, tokenizer=_source_tokenizer(args), overwrite=args.overwrite)
+    model = load_model(args.source, args.gguf_file)
+    tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else _source_tokenizer(args)
+    export_stock(model, args.output, tokenizer=tokenizer, overwrite=args.overwrite)
     print(f"exported for stock Transformers -> {args.output}")
     return 0
 
@@ -221,6 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "or q4_k_m (Llama-architecture frequency schemes)")
     p.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source directory holding convert_hf_to_gguf.py "
                    "(default: $HF_POSENC_LLAMA_CPP)")
+    p.add_argument("--tokenizer", metavar="DIR_OR_HUB_ID",
+                   help="the tokenizer to write with the model (default: SOURCE's; a GGUF file needs one)")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("families", help="the support table: every rotary model type × scheme, as the tests found it")

@@ -124,13 +124,14 @@ def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
     if where is None:
         raise FileNotFoundError(
             "export_gguf needs llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/ "
-            f"folders): pass llama_cpp=DIR (a llama.cpp checkout) or set {LLAMA_CPP_ENV}=DIR; "
+            f"folders): pass llama_cpp=DIR (command line: --llama-cpp DIR), a llama.cpp checkout, or set "
+            f"{LLAMA_CPP_ENV}=DIR; "
             "scripts/serving/setup_llamacpp.sh unpacks one to build/llama-cpp-python/llama.cpp."
         )
     script = Path(where).expanduser() / "convert_hf_to_gguf.py"
     if not script.is_file():
-        raise FileNotFoundError(f"{script} does not exist; llama_cpp / {LLAMA_CPP_ENV} must name a llama.cpp source "
-                                "directory (the one holding convert_hf_to_gguf.py).")
+        raise FileNotFoundError(f"{script} does not exist; llama_cpp (--llama-cpp) / {LLAMA_CPP_ENV} must name a "
+                                "llama.cpp source directory (the one holding convert_hf_to_gguf.py).")
     if importlib.util.find_spec("sentencepiece") is None:
         raise ModuleNotFoundError(
             "llama.cpp's converter imports sentencepiece for every Llama model (even BPE ones); install it: "
@@ -232,7 +233,8 @@ def export_gguf(
         raise _refuse(f"quantization must be one of {sorted(QUANTIZATIONS)}, got {quantization!r}.")
     factors, attention_factor, theta = gguf_rope_parameters(model)
     if tokenizer is None:
-        raise _refuse("a GGUF file carries the vocabulary: pass tokenizer= (e.g. AutoTokenizer.from_pretrained(...)).")
+        raise _refuse("a GGUF file carries the vocabulary: pass tokenizer= (e.g. AutoTokenizer.from_pretrained(...); "
+                      "command line: --tokenizer DIR_OR_HUB_ID).")
     script = find_converter(llama_cpp)
     path = Path(path)
     if path.is_dir():

@@ -45,6 +45,14 @@ def test_patch_info_export(tmp_path, capsys):
                 "--compose", "--no-tokenizer"]) == 0
 
 
+def test_gguf_export_without_a_tokenizer_names_the_flag_before_writing_anything(tmp_path, capsys):
+    hf_posenc.patch_model(tiny_model("llama"), "cope", clip_low_n=2).save_pretrained(tmp_path / "alone")
+    assert cli(["export", str(tmp_path / "alone"), str(tmp_path / "x.gguf"), "--gguf", "f16"]) == 2
+    captured = capsys.readouterr()
+    assert "--tokenizer DIR_OR_HUB_ID" in captured.err and "writing the model alone" not in captured.err
+    assert not (tmp_path / "x.gguf").exists()
+
+
 def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys):
     tiny_model("llama").save_pretrained(tmp_path / "base")
     assert cli(["patch", str(tmp_path / "base"), str(tmp_path / "out"), "--scheme", "prope", "-o", "p=3",
