@@ -35,6 +35,36 @@ def adapter_warning(scheme: Any) -> str:
             f"word{drop}, and the outputs are wrong.")
 
 
+def hub_base_model(name: str | None) -> str | None:
+    """The card's ``base_model``: a Hub id the Hub can link (it rejects others), never a local folder's name."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if not name or os.path.exists(name) or os.path.isabs(name) or "/" not in name:
+        return None
+    try:
+        validate_repo_id(name)
+    except HFValidationError:
+        return None
+    return name
+
+
+def nested_headings(markdown: str, parent: str) -> str:
+    """``markdown`` with its headings moved below ``parent`` (``## Evaluation``: a report's ``# Title`` becomes
+    ``###``), and a first heading that repeats the parent's title dropped. Fenced code is left alone."""
+    depth = len(parent) - len(parent.lstrip("#"))
+    title = parent.lstrip("#").strip().lower()
+    lines, fenced, out = markdown.splitlines(), False, []
+    for i, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        level = len(line) - len(line.lstrip("#"))
+        if not fenced and 0 < level <= 6 and line[level:level + 1] == " ":
+            if not out and line[level:].strip().lower() == title:
+                continue
+            line = "#" * min(6, level + depth) + line[level:]
+        out.append(line)
+    return "\n".join(out).strip()
+
+
 def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, base_repo: str | None = None,
                evaluation: str | None = None, plots: list[str] | None = None) -> str:
     """README.md for a published checkpoint (``kind``: "model", "adapter" or "stock"): ``huggingface_hub``'s
@@ -43,11 +73,12 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
     from huggingface_hub import ModelCard, ModelCardData
 
     scheme = record.scheme
+    hub_base = hub_base_model(base_repo or base_model)
     metadata = ModelCardData(
         library_name="peft" if kind == "adapter" else "transformers",
         pipeline_tag="text-generation",
         tags=["hf-posenc", scheme.name, "positional-encoding", "long-context"] + (["stock-export"] if kind == "stock" else []),
-        base_model=base_model or None,
+        base_model=hub_base,
         hf_posenc={"scheme": scheme.name, "options": scheme.to_dict(), "paper": scheme.paper,
                    "format_version": FORMAT_VERSION, "library_version": LIBRARY_VERSION},
     )
@@ -60,7 +91,8 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
     elif kind == "adapter":
         load = (f"import hf_posenc\nfrom hf_posenc.adapters import load_adapter\n"
                 f"from transformers import AutoModelForCausalLM\n"
-                f'model = load_adapter(AutoModelForCausalLM.from_pretrained("{base_repo or base_model}"), "{repo_id}")')
+                f'model = load_adapter(AutoModelForCausalLM.from_pretrained("{base_repo or hub_base or "BASE"}"), '
+                f'"{repo_id}")  # BASE: the base model, patched as above')
         other = adapter_warning(scheme)
     else:
         load = f'from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("{repo_id}")'
@@ -70,15 +102,15 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
     parts = [
         f"---\n{metadata.to_yaml()}\n---\n",
         f"# {repo_id.split('/')[-1]}\n",
-        f"{'A PEFT adapter for ' if kind == 'adapter' else ''}{base_model or 'A model'} with its positional encoding "
-        f"switched to **{scheme.name}** by [hf-posenc] {LIBRARY_VERSION}.\n",
+        f"{'A PEFT adapter for ' if kind == 'adapter' else ''}{hub_base or 'A model'} with its positional encoding "
+        f"switched to **{scheme.name}** by `hf-posenc` {LIBRARY_VERSION}.\n",
         f"Paper: {scheme.paper}.\n",
         f"## Scheme options\n\n| option | value |\n|---|---|\n{options}\n",
         (f"## Load it\n\n{other}\n\n```python\n{load}\n```\n" if kind == "adapter"  # read before loading
          else f"## Load it\n\n```python\n{load}\n```\n\n{other}\n"),
     ]
-    if evaluation:
-        parts.append(f"## Evaluation\n\n{evaluation.strip()}\n")
+    if evaluation:  # the report's own headings sit below the card's "## Evaluation"
+        parts.append(f"## Evaluation\n\n{nested_headings(evaluation.strip(), '## Evaluation')}\n")
     for plot in plots or []:
         parts.append(f"![{Path(plot).stem}]({plot})\n")
     return str(ModelCard("\n".join(parts)))
@@ -136,7 +168,8 @@ def push_to_hub(
         stock: publish the stock-Transformers export instead (CoPE/HardClip/p-RoPE/RoPE only).
         eval_dir: a folder written by ``hf_posenc.evaluation.write_report``: its ``report.md`` becomes the card's
             evaluation section and its PNG plots are uploaded and shown.
-        base_repo: for adapters, the Hub id of the patched base to load them onto (shown in the card).
+        base_repo: the Hub id of the base model (the card's ``base_model``; for adapters, the patched base to load
+            them onto); without it, where the model was loaded from, when that is a Hub id (never a local folder).
         api: an ``huggingface_hub.HfApi`` (default: a new one with ``token``).
 
     Returns the ``CommitInfo`` of the commit. A model still quantized from GGUF is refused with the fix named;

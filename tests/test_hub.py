@@ -151,6 +151,39 @@ def test_card_carries_the_evaluation_table_and_plot(tmp_path):
     card = (repo / "README.md").read_text()
     assert "## Evaluation" in card and "![perplexity](perplexity.png)" in card
     assert (repo / "perplexity.png").stat().st_size > 0 and (repo / "tokenizer_config.json").exists()
+    assert_card_is_well_formed(card)
+
+
+def assert_card_is_well_formed(card: str) -> None:
+    """What the Hub checks of a card's metadata (huggingface_hub's parser; base_model a valid repo id), one title,
+    the evaluation report's headings nested under its section, and no reference link without a target."""
+    import re
+
+    from huggingface_hub import ModelCard
+    from huggingface_hub.utils import validate_repo_id
+
+    data = ModelCard(card).data.to_dict()
+    if data.get("base_model") is not None:
+        validate_repo_id(data["base_model"])
+    body = card.split("\n---\n", 1)[1]
+    outside_code = re.sub(r"```.*?```", "", body, flags=re.S)
+    assert len(re.findall(r"^# ", outside_code, flags=re.M)) == 1, "one H1 title"
+    assert not re.findall(r"\[[^\]]+\](?![(:\[])", re.sub(r"`[^`]*`", "", outside_code)), "reference link without target"
+
+
+@pytest.mark.parametrize("base_repo, expected", [(None, None), ("me/smollm2", "me/smollm2")])
+def test_card_base_model_is_a_hub_id_never_a_local_folder(tmp_path, base_repo, expected):
+    """A model loaded from a local folder (`cli-cope`) gets no base_model the Hub would reject; base_repo sets it."""
+    from transformers import AutoModelForCausalLM
+
+    patched("cope", {"clip_low_n": 3}).save_pretrained(tmp_path / "cli-cope")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "cli-cope")
+    hub = LocalHub(tmp_path / "hub")
+    hf_posenc.push_to_hub(model, "me/cope", api=hub, base_repo=base_repo)
+    card = (tmp_path / "hub" / "me" / "cope" / "README.md").read_text()
+    assert front_matter(card).get("base_model") == expected
+    assert "cli-cope" not in card
+    assert_card_is_well_formed(card)
 
 
 def test_bad_pushes_are_refused_before_any_upload(tmp_path):
