@@ -1,6 +1,9 @@
 """Miniature experiments (hf_posenc.experiments): the R data reader against bytes written from R's serialization
 spec, the byte tokenizer, the n-gram floors against hand-computed values, the TAPA CPU path with a batch of
-position ids (what the trainer passes), and the toy length-generalisation experiment end to end through the CLI.
+position ids (what the trainer passes), the toy experiments end to end through the CLI, the statistics every
+comparison carries (t quantiles, paired and Welch intervals against hand-computed values), the rotation angles
+behind "cannot be tested at this scale", and the committed reports: each results.md is exactly what its
+results.json renders to, ends with one line per paper claim, and docs/experiments.md quotes their intervals.
 """
 
 import gzip
@@ -16,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from hf_posenc.experiments.claims import CLAIMS_HEADING, STATUSES
 from hf_posenc.experiments.config import LengthGeneralisationConfig
 from hf_posenc.experiments.corpus import find_janeaustenr, ngram_entropies
 from hf_posenc.experiments.rdata import RDataError, read_lazyload, unserialize
@@ -195,34 +199,50 @@ def test_long_context_smollm2_example_smoke(austen, tmp_path):
 
 
 # -- TAPA trainability sweep ------------------------------------------------------------------------------------
-def _summary(rows: dict[str, tuple[tuple[float, float], tuple[float, float]]]):
+def _runs(rows: dict[str, dict[int, list[float]]]) -> list[dict]:
+    """Runs as results.json stores them: per label, one run per seed (0, 1, ...) with its loss at each length."""
+    return [{"label": label, "seed": seed, "final_train_loss": None, "seconds": 1.0,
+             "perplexity": {str(n): {"nll": values[seed]} for n, values in row.items()}}
+            for label, row in rows.items() for seed in range(len(next(iter(row.values()))))]
+
+
+def _summary(rows: dict[str, dict[int, list[float]]]):
     from hf_posenc.experiments.runner import Summary
 
-    return Summary(lengths=[64, 512], rows={k: {64: v[0], 512: v[1]} for k, v in rows.items()})
+    return Summary.from_results(_runs(rows), sorted(next(iter(rows.values()))))
 
 
 def test_tapa_sweep_classifies_match_and_flatness():
     from hf_posenc.experiments.tapa_trainability import classify, verdict
 
     floors = {"unigram": 3.0, "bigram": 2.4}
+    rope = {64: [1.79, 1.80, 1.81], 512: [2.15, 2.20, 2.25]}  # grows by 0.36, 0.40, 0.44
     summary = _summary({
-        "RoPE": ((1.80, 0.01), (2.20, 0.05)),                 # grows by 0.40
-        "TAPA close and flat": ((1.82, 0.01), (1.85, 0.01)),  # gap 0.02 <= 2 * sqrt(2) * 0.01; growth 0.03 < 0.10
-        "TAPA close, grows": ((1.80, 0.01), (2.00, 0.01)),    # growth 0.20 >= 0.25 * 0.40
-        "TAPA flat but worse": ((2.40, 0.01), (2.41, 0.01)),
+        "RoPE": rope,
+        # differences from RoPE at L +0.01, +0.02, -0.02: the interval contains 0; growth minus a quarter of
+        # RoPE's: -0.06, -0.07, -0.07, an interval below 0 (flat)
+        "TAPA close and flat": {64: [1.80, 1.82, 1.79], 512: [1.83, 1.85, 1.83]},
+        # growth 0.20, 0.22, 0.21 minus 0.09, 0.10, 0.11: above 0 (not flat)
+        "TAPA close, grows": {64: [1.80, 1.79, 1.81], 512: [2.00, 2.01, 2.02]},
+        "TAPA flat but worse": {64: [2.40, 2.41, 2.39], 512: [2.41, 2.42, 2.40]},
     })
     v = classify(summary, 64)
     assert set(v) == {"TAPA close and flat", "TAPA close, grows", "TAPA flat but worse"}
-    assert (v["TAPA close and flat"]["matches_rope"], v["TAPA close and flat"]["flat"]) == (True, True)
-    assert (v["TAPA close, grows"]["matches_rope"], v["TAPA close, grows"]["flat"]) == (True, False)
-    assert (v["TAPA flat but worse"]["matches_rope"], v["TAPA flat but worse"]["flat"]) == (False, True)
-    assert v["TAPA close and flat"]["gap_to_rope_at_L"] == pytest.approx(0.02)
+    assert (v["TAPA close and flat"]["in_distribution"], v["TAPA close and flat"]["flat"]) == \
+        ("no difference detected", True)
+    assert (v["TAPA close, grows"]["in_distribution"], v["TAPA close, grows"]["flat"]) == \
+        ("no difference detected", False)
+    assert (v["TAPA flat but worse"]["in_distribution"], v["TAPA flat but worse"]["flat"]) == ("worse", True)
+    assert v["TAPA close and flat"]["vs_rope"].estimate == pytest.approx(0.01 / 3)
+    assert v["TAPA close and flat"]["vs_rope"].test == "paired"
     lines = verdict(summary, floors, 64)
-    assert lines[-1] == "Answer: TAPA matches RoPE at L and stays flat to 8L with: TAPA close and flat."
-    negative = verdict(_summary({"RoPE": ((1.8, 0.01), (2.2, 0.05)), "TAPA x": ((2.4, 0.01), (2.41, 0.01))}),
+    assert lines[-1] == ("Answer: no difference from RoPE detected at L (or lower loss) and flat to 8L: "
+                         "TAPA close and flat.")
+    assert "TAPA close and flat - RoPE at L +0.003 [" in "\n".join(lines)
+    negative = verdict(_summary({"RoPE": rope, "TAPA x": {64: [2.40, 2.41, 2.39], 512: [2.41, 2.42, 2.40]}}),
                        floors, 64)
-    assert negative[-1].startswith("Answer (negative): no TAPA setting") and "best in-distribution is TAPA x" in \
-        negative[-1]
+    assert negative[-1].startswith("Answer (negative, for this regime): no TAPA setting") and \
+        "The lowest mean at L is TAPA x" in negative[-1]
 
 
 def test_sweep_variants_change_only_their_setting():
@@ -270,8 +290,10 @@ def test_tapa_trainability_toy_end_to_end(austen, tmp_path):
     assert by_label["TAPA init=0.1"]["losses"][0] != by_label["TAPA paper"]["losses"][0]
     saved = json.loads((work / "runs" / "tapa-init-0.1" / "seed0" / "run" / "model" / "config.json").read_text())
     assert saved["initializer_range"] == 0.1
-    assert data["verdict"][-1].startswith("Answer")
-    assert "| TAPA alpha=1 |" in (out / "results.md").read_text()
+    assert data["verdict"][-1].startswith("Answer")  # one seed: no intervals, and it says so
+    markdown = (out / "results.md").read_text()
+    assert "| TAPA alpha=1 |" in markdown and "one run per row" in markdown
+    assert CLAIMS_HEADING in markdown and data["claims"]
 
 
 # -- context extension ------------------------------------------------------------------------------------------
@@ -419,3 +441,162 @@ def test_tapa_recipe_ships_the_settings_the_committed_sweep_found():
     assert tapa["scheme"]["theta"] == 0.5 and tapa["scheme"]["phase"] == "quadratic"
     assert abs(other["mean"] - tapa_rows[best]["mean"]) <= 2 * math.hypot(other["sd"], tapa_rows[best]["sd"])
     assert {k: v for k, v in tapa["model"]["config"].items()} == rope["model"]["config"]
+
+
+# -- the tests every comparison carries (stats), and the claims -------------------------------------------------
+def test_t_distribution_matches_the_tables_and_mpmath():
+    from hf_posenc.experiments.stats import t_cdf, t_quantile
+
+    for df, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
+        assert t_quantile(0.975, df) == pytest.approx(value, abs=1e-4)
+    assert t_quantile(0.025, 2) == pytest.approx(-4.3027, abs=1e-4) and t_quantile(0.5, 3) == 0.0
+    assert t_cdf(0.0, 5) == 0.5 and t_cdf(2.0, 3) + t_cdf(-2.0, 3) == pytest.approx(1.0)
+    mpmath = pytest.importorskip("mpmath")  # an independent t quantile for Welch's non-integer df
+    for df in (2.5, 4.0755, 17.3):
+        reference = mpmath.findroot(lambda x: mpmath.betainc(df / 2, 0.5, 0, df / (df + x * x), regularized=True) / 2
+                                    - 0.025, 2.5)
+        assert t_quantile(0.975, df) == pytest.approx(float(reference), rel=1e-9)
+
+
+def test_paired_interval_by_hand():
+    from hf_posenc.experiments.stats import compare, paired
+
+    # differences 0.5, 1.0, 0.9: mean 0.8, sd sqrt(0.07), half width t_{0.975,2} sqrt(0.07 / 3)
+    d = paired([1.0, 2.0, 3.0], [0.5, 1.0, 2.1])
+    half = 4.302652729749 * math.sqrt(0.07 / 3)
+    assert (d.test, d.n, d.df) == ("paired", 3, 2)
+    assert (d.estimate, d.low, d.high) == pytest.approx((0.8, 0.8 - half, 0.8 + half), abs=1e-12)
+    assert d.detected and d.label == "paired by seed, n = 3"
+    # by seed, whatever the order the runs came in
+    assert compare({2: 3.0, 0: 1.0, 1: 2.0}, {0: 0.5, 1: 1.0, 2: 2.1}) == d
+
+
+def test_welch_interval_by_hand():
+    from hf_posenc.experiments.stats import compare, welch
+
+    # equal variances (1) and sizes (3): se = sqrt(2/3), df = 2 (n - 1) = 4, t_{0.975,4} = 2.776445
+    d = welch([1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
+    half = 2.776445105198 * math.sqrt(2 / 3)
+    assert (d.estimate, d.low, d.high, d.df) == pytest.approx((-2.0, -2.0 - half, -2.0 + half, 4.0), abs=1e-9)
+    assert not d.detected  # the interval [-4.267, +0.267] contains 0
+    # unequal: var 1 (n 3) and 20/3 (n 4): se^2 = 1/3 + 5/3 = 2, df = 4 / ((1/3)^2/2 + (5/3)^2/3) = 216/53
+    d = welch([1.0, 2.0, 3.0], [2.0, 4.0, 6.0, 8.0])
+    assert d.df == pytest.approx(216 / 53, rel=1e-12)
+    t = 2.7562848743596  # t_{0.975, 216/53} (mpmath, 30 digits)
+    assert (d.low, d.high) == pytest.approx((-3.0 - t * math.sqrt(2), -3.0 + t * math.sqrt(2)), abs=1e-9)
+    assert d.label == "Welch, n = 3 and 4, df = 4.1"
+    # different seeds: Welch; a constant or a single run: one-sample
+    assert compare({0: 1.0, 1: 2.0, 2: 3.0}, {3: 3.0, 4: 4.0, 5: 5.0}).test == "welch"
+    one = compare({0: 1.0, 1: 2.0, 2: 3.0}, 1.5)
+    assert (one.test, one.estimate, one.df) == ("one-sample", 0.5, 2)
+    assert one.high - one.low == pytest.approx(2 * 4.302652729749 / math.sqrt(3), abs=1e-9)
+    assert compare({0: 1.0, 1: 2.0, 2: 3.0}, {0: 1.5}) == one
+    assert not compare({0: 1.0}, {0: 2.0}).finite  # one run each: an estimate, no interval
+
+
+def test_an_interval_containing_zero_reads_no_difference_never_a_ranking():
+    from hf_posenc.experiments.length_generalisation import verdict
+    from hf_posenc.experiments.report import Tests, markdown_table
+    from hf_posenc.experiments.stats import NO_DIFFERENCE, welch
+
+    text = Tests().item("A - B", welch([1.0, 2.0, 3.0], [3.0, 4.0, 5.0]), "higher loss than B", "lower loss than B")
+    assert text == f"A - B -2.000 [-4.267, +0.267] (Welch, n = 3 and 3, df = 4.0): {NO_DIFFERENCE}"
+    assert "lower loss" not in text
+    detected = Tests().item("A - B", welch([1.0, 1.1, 1.2], [3.0, 3.1, 3.2]), "higher loss than B", "lower loss than B")
+    assert detected.endswith(": lower loss than B")
+    tiny = Tests().item("A - B", welch([1.0, 1.0001, 1.0002], [1.0005, 1.0006, 1.0007]), "higher", "lower")
+    assert tiny.endswith("lower, by less than 0.001: negligible")
+    # in a report: CoPE's 8L mean is higher than RoPE's, but its seeds overlap RoPE's: no ranking, in the verdict or
+    # in the table's bold (the best mean and every row not detectably different from it)
+    summary = _summary({"RoPE": {64: [1.77, 1.78, 1.76], 512: [2.11, 2.19, 2.26]},
+                        "CoPE": {64: [1.80, 1.75, 1.79], 512: [2.36, 2.20, 2.26]},
+                        "NoPE": {64: [2.36, 2.35, 2.36], 512: [2.46, 2.46, 2.45]}})
+    lines = verdict(summary, {"unigram": 3.0, "bigram": 2.4}, 64)
+    cope = next(line for line in lines if line.startswith("CoPE:"))
+    assert f"at 8L +0.087 [" in cope and cope.count(NO_DIFFERENCE) == 3 and "higher loss" not in cope
+    assert "NoPE - RoPE at L +0.587 [" in next(line for line in lines if line.startswith("NoPE:"))
+    table = markdown_table(summary, ["L", "8L"], {"bigram": 2.4})
+    assert "| CoPE | **1.780 ± 0.026** | **2.273 ± 0.081** |" in table and "| NoPE | 2.357 ± 0.006 |" in table
+
+
+def test_rotation_angles_behind_cannot_be_tested():
+    from hf_posenc.experiments.claims import PROPE_PAPER, angle, changed_frequencies, reach, turn
+
+    assert changed_frequencies("cope", 32) == [11, 12, 13, 14, 15]  # 20 of 64 scaled to 16 frequencies
+    assert changed_frequencies("prope:p=0.75", 32) == [12, 13, 14, 15] and changed_frequencies("tapa", 32) == []
+    # omega_11 = 1e4^(-22/32) = 0.00178: 0.114 rad over 64 positions, 0.911 over 512
+    assert turn("cope", 32, 1e4, 64) == pytest.approx(64 * 1e4 ** (-22 / 32))
+    assert angle(turn("cope", 32, 1e4, 64)) == "0.11"
+    assert angle(turn("cope", 32, 1e4, 512)) == "0.91" and angle(turn("hardclip", 32, 1e4, 64)) == "0.11"
+    assert angle(turn("prope:p=0.75", 32, 1e4, 64)) == "0.064"  # omega_12 = 1e-3
+    assert angle(turn("cope:rope_theta=1000000", 32, 1e4, 1024)) == "0.077"  # ABF: the spec's own base
+    gemma = turn("prope:p=0.75", PROPE_PAPER.head_dim, PROPE_PAPER.rope_theta, PROPE_PAPER.length)
+    assert gemma == pytest.approx(8192 * 1e4 ** (-192 / 256))  # about 8 rad
+    assert reach("cope", 32, 1e4, {"L": 64}).startswith("the 5 of 16 frequencies CoPE's clip range covers turn at "
+                                                        "most 0.11 rad over L")
+
+
+COMMITTED = ("length-generalisation", "length-generalisation/reproduction", "tapa-trainability", "context-extension")
+
+
+@pytest.mark.parametrize("folder", COMMITTED)
+def test_committed_results_md_is_what_its_json_renders(folder):
+    """Every number in a committed results.md comes from its results.json: the summary follows from the runs, the
+    analysis stored in the JSON is what the runs give now, and the Markdown is exactly the rendering."""
+    import importlib
+
+    from hf_posenc.experiments.report import ANALYSIS_FIELDS, config_of
+    from hf_posenc.experiments.runner import Summary
+    from hf_posenc.results_io import dumps
+
+    out = ROOT / "examples" / "experiments" / folder
+    payload = json.loads((out / "results.json").read_text())
+    assert json.loads(dumps(Summary.from_results(payload["runs"], payload["summary"]["lengths"]).to_dict())) == \
+        payload["summary"]
+    module = importlib.import_module(f"hf_posenc.experiments.{payload['experiment']}")
+    config = config_of(payload)
+    analysis = json.loads(dumps(module.analyse(payload, config)))
+    assert {k: payload[k] for k in ANALYSIS_FIELDS} == analysis
+    assert module.render(payload, config) == (out / "results.md").read_text()
+
+
+@pytest.mark.parametrize("folder", COMMITTED)
+def test_committed_reports_end_with_one_line_per_paper_claim(folder):
+    text = (ROOT / "examples" / "experiments" / folder / "results.md").read_text()
+    assert text.count(CLAIMS_HEADING) == 1
+    section = text[text.index(CLAIMS_HEADING):]
+    claims = [line for line in section.splitlines() if line.startswith("- ")]
+    assert len(claims) >= 4
+    for line in claims:
+        status = [s for s in STATUSES if f": **{s}**: " in line]
+        assert len(status) == 1, line
+        assert len(line.split(f"**{status[0]}**: ", 1)[1]) > 40, f"no reason given: {line}"
+    payload = json.loads((ROOT / "examples" / "experiments" / folder / "results.json").read_text())
+    assert len(claims) == len(payload["claims"])
+    assert "Tests: each interval is the 95% t interval" in text
+
+
+def test_render_only_rewrites_results_md_without_training(tmp_path):
+    import shutil
+
+    committed = ROOT / "examples" / "experiments" / "context-extension"
+    shutil.copy(committed / "results.json", tmp_path / "results.json")
+    (tmp_path / "results.md").write_text("stale")
+    proc = _run_cli("experiment", "context_extension", "--render-only", "--out", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert (tmp_path / "results.md").read_text() == (committed / "results.md").read_text()
+    assert (tmp_path / "results.json").read_text() == (committed / "results.json").read_text()
+    assert not (tmp_path / "work").exists() and not (tmp_path / "heldout_loss.png").exists()
+    refused = _run_cli("experiment", "length_generalisation", "--render-only", "--out", str(tmp_path))
+    assert refused.returncode != 0 and "not a 'length_generalisation' report" in refused.stderr
+
+
+def test_docs_quote_the_committed_intervals():
+    """Every interval docs/experiments.md quotes ("+0.086 [-0.282, +0.455]") is one a committed report prints."""
+    import re
+
+    reports = "\n".join((ROOT / "examples" / "experiments" / f / "results.md").read_text() for f in COMMITTED)
+    docs = (ROOT / "docs" / "experiments.md").read_text().replace("−", "-")
+    quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]", docs)
+    assert len(quoted) >= 10
+    assert [q for q in quoted if q not in reports] == []

@@ -10,7 +10,11 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
 * :mod:`.corpus`: Jane Austen's novels from Debian's ``r-cran-janeaustenr`` (read by :mod:`.rdata`), one novel
   held out; :mod:`.tokenizer`: the byte-level tokenizer;
 * :mod:`.runner`: cells (scheme × seed) trained with :mod:`hf_posenc.training`, evaluated with
-  :mod:`hf_posenc.evaluation`, cached, summarised as mean ± sd; :mod:`.report`: JSON, Markdown, PNG.
+  :mod:`hf_posenc.evaluation`, cached, summarised as mean ± sd; :mod:`.report`: JSON, Markdown (rendered from the
+  JSON alone, so ``--render-only`` rewrites it without training), PNG;
+* :mod:`.stats`: the test every comparison carries (95 % t intervals, paired by seed or Welch's);
+  :mod:`.claims`: the rotation angles that decide what a miniature can test, and the one line per paper claim
+  (confirmed, refuted, cannot be tested) that ends every report.
 
 This is an application layer: it imports training, evaluation and the core, and nothing but the CLI imports it.
 """

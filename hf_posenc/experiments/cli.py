@@ -1,7 +1,8 @@
 """``hf-posenc experiment NAME [--size toy|small] [--seeds N] [--first-seed K] [--out DIR] [--work DIR]
-[--check-against RESULTS_JSON]``: run a miniature reproduction and write ``results.json``, ``results.md`` and
-PNGs to ``--out``; with ``--check-against``, also whether its means reproduce a committed report's
-(:mod:`.reproduce`)."""
+[--check-against RESULTS_JSON] [--render-only]``: run a miniature reproduction and write ``results.json``,
+``results.md`` and PNGs to ``--out``; with ``--check-against``, also whether its means reproduce a committed
+report's (:mod:`.reproduce`); with ``--render-only``, only rewrite ``results.md`` (and the analysis fields of
+``results.json``: verdict, tests, claims) from the ``results.json`` already in ``--out``, training nothing."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", help="where runs are trained and cached (default out/experiments/NAME-SIZE/work); "
                                        "a rerun reuses finished runs with the same settings")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--render-only", action="store_true",
+                        help="train nothing: rewrite results.md (and the verdict, tests and claims in results.json) "
+                             "from the results.json in --out, e.g. a committed report after a change to the report")
 
 
 def rerun_command(args: argparse.Namespace) -> str:
@@ -52,6 +56,18 @@ def run_experiment(args: argparse.Namespace) -> int:
     default = Path("out") / "experiments" / f"{args.name}-{args.size}"
     out = Path(args.out) if args.out else default
     work = Path(args.work) if args.work else default / "work"
+    if getattr(args, "render_only", False):
+        from .report import rerender
+
+        if args.check_against:
+            raise ValueError("--render-only trains nothing, so there is nothing to --check-against")
+        found = out / "results.json"
+        if found.is_file() and json.loads(found.read_text()).get("experiment") != args.name:
+            raise ValueError(f"{found} is not a {args.name!r} report")
+        payload = rerender(out)
+        print("\n".join(payload["verdict"]))
+        print(f"results: {out / 'results.md'} (re-rendered from {out / 'results.json'})", file=sys.stderr)
+        return 0
     committed = None
     if args.check_against:
         path = Path(args.check_against)
@@ -67,6 +83,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     config = CONFIGS[args.name].preset(args.size, seeds=args.seeds, first_seed=args.first_seed)
     payload = experiment.run(config, out, work, rerun_command(args), progress=not args.no_progress)
     print("\n".join(payload["verdict"]))
+    print("\n".join(f"{c['paper']}: {c['claim']}: {c['status']}" for c in payload.get("claims") or []))
     if committed is not None:
         from .reproduce import compare, write_comparison
 

@@ -9,17 +9,24 @@ bigram floor uses more than one byte of context, which is where positional encod
 
 from __future__ import annotations
 
+import math
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import Any
 
-import torch
-
+from ..schemes.spec import parse_scheme_spec
+from .claims import (
+    CONFIRMED, COPE_PAPER, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, claims_section, han_ji_claim, paper_reach,
+    reach, tapa_step, turn,
+)
 from .config import ExperimentSettings, LengthGeneralisationConfig, ModelSettings, TrainSettings
 from .corpus import Corpus, austen_corpus, ngram_entropies, write_text
-from .report import closing_lines, markdown_table, plot_summary, write_results
+from .report import (
+    TABLE_NOTE, Tests, closing_lines, make_payload, markdown_table, plot_summary, publish, tests_explained,
+)
 from .runner import Cell, Summary, build_recipe, run_cells, slug
+from .stats import Difference
 from .tokenizer import byte_tokenizer, save_byte_tokenizer
 from .why import diagnose
 
@@ -71,56 +78,188 @@ def arm_cells(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, Mod
     return out
 
 
-def verdict(summary: Summary, floors: dict[str, float], context_length: int) -> list[str]:
-    """Plain statements the numbers support: whether RoPE is below the floors at L, and each scheme's growth
-    from L to the longest length."""
-    lines = []
-    if "RoPE" in summary.rows:
-        rope = summary.rows["RoPE"][context_length][0]
-        lines.append(f"RoPE at L = {context_length}: {rope:.3f} nats/byte, "
-                     + (f"{floors['bigram'] - rope:.3f} below the bigram floor ({floors['bigram']:.3f}): the models "
-                        "use context." if rope < floors["bigram"] else
-                        f"NOT below the bigram floor ({floors['bigram']:.3f}): this run does not show context use."))
-    longest = summary.lengths[-1]
+REFERENCE = "RoPE"
+
+
+def verdict(summary: Summary, floors: dict[str, float], context_length: int, tests: Tests | None = None) -> list[str]:
+    """Plain statements the numbers support, each comparison with its test (:class:`.report.Tests`): RoPE
+    against the bigram floor at L, then per row its growth from L to the longest length and, against RoPE, its
+    difference at L, at the longest length and in growth (paired by seed)."""
+    tests = Tests() if tests is None else tests
+    L, longest = context_length, summary.lengths[-1]
+    k = longest // L
+    lines = [tests_explained(summary)]
+    if REFERENCE in summary.rows:
+        rope = summary.rows[REFERENCE][L][0]
+        lines.append(f"RoPE at L = {L}: {rope:.3f} nats/byte; " + tests.line([
+            (f"RoPE - bigram floor ({floors['bigram']:.3f})", summary.diff(REFERENCE, floors["bigram"], L),
+             "above the floor: this run does not show context use", "below the floor: the models use context")]) + ".")
     for label, row in summary.rows.items():
-        m0, m1 = row[context_length][0], row[longest][0]
-        lines.append(f"{label}: {m0:.3f} at L -> {m1:.3f} at {longest // context_length}L "
-                     f"({'+' if m1 >= m0 else ''}{m1 - m0:.3f} nats/byte)")
+        items = [(f"growth L -> {k}L", summary.diff(label, label, longest, other_length=L), "grows", "shrinks")]
+        if label != REFERENCE and REFERENCE in summary.rows:
+            items += [(f"{label} - RoPE at L", summary.diff(label, REFERENCE, L), "higher loss than RoPE",
+                       "lower loss than RoPE"),
+                      (f"at {k}L", summary.diff(label, REFERENCE, longest), "higher loss than RoPE",
+                       "lower loss than RoPE"),
+                      ("growth - RoPE's growth", summary.growth_diff(label, REFERENCE, L, longest),
+                       "grows more than RoPE", "grows less than RoPE")]
+        lines.append(f"{label}: {row[L][0]:.3f} at L -> {row[longest][0]:.3f} at {k}L; " + tests.line(items) + ".")
     return lines
 
 
-def run(config: LengthGeneralisationConfig, out: str | Path, work: str | Path, command: str,
-        corpus: Corpus | None = None, progress: bool = True) -> dict[str, Any]:
-    """Run (or resume) the experiment; writes ``results.json``, ``results.md`` and ``heldout_loss.png`` to
-    ``out`` and returns the JSON payload. ``corpus`` defaults to the Austen novels."""
-    arms = {label: (spec, config.model, config.train) for label, spec in config.schemes.items()}
-    return run_from_scratch(config, arms, out, work, command, corpus=corpus, progress=progress,
-                            title=f"Length generalisation from scratch ({config.size})",
-                            experiment=config.name, experiment_config=config.to_dict(), verdict=verdict)
+def judge(evidence: Sequence[tuple[Difference, int]]) -> str | None:
+    """The status a claim's evidence gives: confirmed when every difference is detected with the claimed sign
+    (+1: the first named has the higher loss), refuted when any is detected with the other sign, ``None`` (not
+    decided by this test) otherwise."""
+    if any(d.detected and (d.estimate > 0) != (sign > 0) for d, sign in evidence):
+        return REFUTED
+    if evidence and all(d.detected for d, _ in evidence):
+        return CONFIRMED
+    return None
 
 
-Verdict = Callable[[Summary, dict[str, float], int], list[str]]
+def undecided(evidence: Sequence[Difference]) -> str:
+    """Why a claim within reach is not decided: an interval contains 0 with this many seeds."""
+    n = max((d.n for d in evidence), default=0)
+    return f"with {n} seeds the test cannot tell"
 
 
-def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
-                     out: str | Path, work: str | Path, command: str, *, title: str, experiment: str,
-                     experiment_config: dict[str, Any], verdict: Verdict, notes: Sequence[str] = (),
-                     corpus: Corpus | None = None, progress: bool = True) -> dict[str, Any]:
-    """Train every arm × seed from scratch on ``config``'s data, evaluate at ``config``'s lengths and write the
-    report (``results.json``, ``results.md`` with ``notes`` under the table, ``heldout_loss.png``)."""
-    start = time.perf_counter()
-    out, work, corpus, prepared = begin(config, out, work, corpus)
-    grid = arm_cells(config, arms, prepared, work, experiment=experiment)
-    results = run_cells(grid, desc=f"{experiment} ({config.size})", progress=progress)
-    summary = Summary.from_results(results, config.eval_lengths)
-    first = {r["label"]: r["model_dir"] for r in results if r["seed"] == config.first_seed}
-    why = diagnose(first, prepared["eval_ids"][: config.diagnostic_tokens], config.context_length,
-                   out / "diagnostics", progress=progress)
-    floors = prepared["floors"]
-    elapsed = time.perf_counter() - start
-    payload = write_results(out, experiment, command, experiment_config, corpus.name,
-                            "held-out cross-entropy in nats per byte (perplexity = exp)", floors, results, elapsed,
-                            summary=summary.to_dict(), verdict=verdict(summary, floors, config.context_length), why=why)
+def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGeneralisationConfig,
+                 why: dict[str, Any], tests: Tests) -> list[Claim]:
+    """One :class:`.claims.Claim` per claim of the CoPE, p-RoPE, TAPA and position-generalization papers that this
+    experiment's rows speak to, with the intervals (recorded in ``tests``) or the reason it cannot test them."""
+    L, longest = config.context_length, summary.lengths[-1]
+    k = longest // L
+    rows, model = summary.rows, config.model
+    names = {f"L = {L}": L, f"{k}L = {longest}": longest}
+    out: list[Claim] = []
+
+    def diff(name: str, a: str, b: str | float, length: int, higher: str, lower: str) -> str:
+        return tests.line([(name, summary.diff(a, b, length), higher, lower)])
+
+    if REFERENCE in rows and "CoPE" in rows:
+        spec = config.schemes["CoPE"]
+        cos = math.cos(turn(spec, model.head_dim, model.rope_theta, L))
+        at_longest = diff(f"CoPE - RoPE at {k}L", "CoPE", REFERENCE, longest, "higher loss than RoPE",
+                          "lower loss than RoPE")
+        out.append(Claim(
+            "CoPE", "soft-clipping RoPE's lowest frequencies beats RoPE on long-context tasks inside the training "
+            "length (HELMET 58.68 vs 52.94 at 64k) and beyond it (28.48 vs 14.37 at 256k)", UNTESTABLE_SCALE,
+            f"{reach(spec, model.head_dim, model.rope_theta, names)}, against {paper_reach(spec, COPE_PAPER)}: "
+            f"inside L clipping them changes rotations of at most that angle (cos ≥ {cos:.3f}), so CoPE equals "
+            f"RoPE by construction where it is trained, and a byte model's perplexity is not the paper's "
+            f"long-context task scores; {at_longest}."))
+        if "HardClip" in rows:
+            out.append(Claim(
+                "CoPE", "HardClip (the same frequencies zeroed) is worse than CoPE inside the training length "
+                "(HELMET 50.71 vs 58.68 at 64k)", UNTESTABLE_SCALE,
+                f"{reach(config.schemes['HardClip'], model.head_dim, model.rope_theta, {f'L = {L}': L})}: both "
+                "equal RoPE by construction here; "
+                + diff("HardClip - CoPE at L", "HardClip", "CoPE", L, "higher loss than CoPE", "lower loss than CoPE")
+                + "."))
+    if REFERENCE in rows and "p-RoPE 0.75" in rows:
+        spec = config.schemes["p-RoPE 0.75"]
+        out.append(Claim(
+            "p-RoPE", "0.75-RoPE has a lower perplexity than RoPE at the training length (4.4414 vs 4.4627, -0.5 %)",
+            UNTESTABLE_SCALE,
+            f"{reach(spec, model.head_dim, model.rope_theta, {f'L = {L}': L})}, against "
+            f"{paper_reach(spec, PROPE_PAPER)}: stopping them changes almost nothing, so 0.75-RoPE equals RoPE by "
+            "construction here; " + diff("p-RoPE 0.75 - RoPE at L", "p-RoPE 0.75", REFERENCE, L,
+                                         "higher loss than RoPE", "lower loss than RoPE") + "."))
+    if REFERENCE in rows and "p-RoPE 0.25" in rows:
+        spec = config.schemes["p-RoPE 0.25"]
+        d = summary.diff("p-RoPE 0.25", REFERENCE, L)
+        status = judge([(d, +1)])
+        text = diff("p-RoPE 0.25 - RoPE at L", "p-RoPE 0.25", REFERENCE, L, "higher loss than RoPE",
+                    "lower loss than RoPE")
+        out.append(Claim(
+            "p-RoPE", "0.25-RoPE has a higher perplexity than RoPE at the training length (4.5302 vs 4.4627)",
+            status or UNTESTABLE_SCALE,
+            f"{reach(spec, model.head_dim, model.rope_theta, {f'L = {L}': L})}, so this one is within reach; "
+            + text + ("" if status else f"; {undecided([d])} (the paper's effect is 1.5 %)") + "."))
+    nope_refs = [r for r in (REFERENCE, "p-RoPE 0.75", "p-RoPE 0.25") if r in rows]
+    if "NoPE" in rows and nope_refs:
+        evidence = [(summary.diff("NoPE", r, L), +1) for r in nope_refs]
+        status = judge(evidence)
+        text = tests.line([(f"NoPE - {r} at L", d, f"higher loss than {r}", f"lower loss than {r}")
+                           for r, (d, _) in zip(nope_refs, evidence)])
+        out.append(Claim(
+            "p-RoPE", "NoPE has the highest perplexity at the training length (4.8594, against 4.4627 for RoPE and "
+            "4.4414 / 4.5302 for 0.75- / 0.25-RoPE)", status or UNTESTABLE_SCALE,
+            text + ("" if status else f"; {undecided([d for d, _ in evidence])}") + "."))
+    tapa = [label for label in ("TAPA quadratic", "TAPA linear") if label in rows]
+    if REFERENCE in rows and tapa:
+        main = tapa[0]
+        d = summary.diff(main, REFERENCE, L)
+        worse = d.detected and d.estimate > 0  # the paper: within a few hundredths of RoPE, i.e. no worse
+        out.append(Claim(
+            "TAPA", "TAPA matches RoPE's perplexity inside the training length (within a few hundredths at 1k-16k)",
+            REFUTED if worse else UNTESTABLE_SCALE,
+            ("for this regime (2-layer byte model trained with RoPE's optimisation; the TAPA sweep varies TAPA's "
+             "settings), not the paper's 7B model: " if worse else "")
+            + diff(f"{main} - RoPE at L", main, REFERENCE, L, "higher loss than RoPE", "lower loss than RoPE")
+            + ("" if worse else ", and no difference detected is not a match") + "."))
+        floor = floors["bigram"]
+        below = {label: summary.diff(label, floor, L) for label in tapa}
+        below = {label: d for label, d in below.items() if d.detected and d.estimate < 0}
+        rope_growth = summary.diff(REFERENCE, REFERENCE, longest, other_length=L)
+        context = (f"TAPA hardly uses context here (not detectably below the bigram floor), so its flat curve is that "
+                   f"of a model with little context to lose: " if main not in below else
+                   "TAPA uses some context here (below the bigram floor), but far less than RoPE: ")
+        out.append(Claim(
+            "TAPA", "without long-context fine-tuning TAPA degrades beyond the training length too, but far less "
+            "than RoPE (perplexity 17.96 vs about 5.9e3 at 2x the training length, 122.7 vs 1.6e4 at 4x)",
+            UNTESTABLE_SCALE,
+            context + tests.line([(f"{main} - bigram floor ({floor:.3f}) at L", summary.diff(main, floor, L),
+                                   "above the bigram floor", "below the bigram floor")])
+            + f"; and RoPE does not collapse at this scale (its perplexity grows x{math.exp(rope_growth.estimate):.2f}"
+            f" from L to {k}L; the paper's RoPE goes from about 12 to 5.9e3 at 2x): "
+            + tests.line([(f"RoPE growth L -> {k}L", rope_growth, "grows", "shrinks")]) + "."))
+        if len(tapa) == 2:
+            step = tapa_step(config.schemes[main])
+            usage = ("neither variant is detectably below the bigram floor, so neither uses the positions the phase "
+                     "encodes" if not below else f"only {', '.join(below)} is below the bigram floor, and both are "
+                     "far above RoPE")
+            out.append(Claim(
+                "TAPA", "the quadratic phase beats the linear one at every length (perplexity 11.74 vs 13.13 at "
+                "32k)", UNTESTABLE_SCALE,
+                f"{usage} (with α = {parse_scheme_spec(config.schemes[main]).alpha:g} the phase changes {step:.0%} "
+                "from distance 1 to 2); " + diff("TAPA quadratic - TAPA linear at L", tapa[0], tapa[1], L,
+                                                 "higher loss than the linear phase",
+                                                 "lower loss than the linear phase") + "."))
+    if why:
+        out.append(han_ji_claim(why))
+    return out
+
+
+NOTES_PROPE = ("The p-RoPE paper has no length-generalisation experiment and makes no claim about it: its rows "
+               "beyond L test nothing of that paper.")
+
+
+def analyse(payload: dict[str, Any], config: LengthGeneralisationConfig) -> dict[str, Any]:
+    """The analysis fields of ``results.json`` from its runs: ``verdict`` (lines), ``comparisons`` (every test
+    behind them) and ``claims`` (one per paper claim)."""
+    summary = Summary.from_results(payload["runs"], config.eval_lengths)
+    tests = Tests()
+    lines = verdict(summary, payload["floors"], config.context_length, tests)
+    claims = paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests)
+    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+
+
+def render(payload: dict[str, Any], config: LengthGeneralisationConfig) -> str:
+    """``results.md`` from ``results.json``."""
+    return render_from_scratch(payload, config, title=f"Length generalisation from scratch ({config.size})",
+                               claim_notes=[NOTES_PROPE] if any(s.startswith("prope") for s in
+                                                                config.schemes.values()) else [])
+
+
+def render_from_scratch(payload: dict[str, Any], config: LengthGeneralisationConfig, *, title: str,
+                        notes: Sequence[str] = (), claim_notes: Sequence[str] = ()) -> str:
+    """The Markdown of a from-scratch experiment (``config``: its length-generalisation settings): setup, table,
+    ``notes``, verdict, diagnostics, wall time, plot, then the paper claims (and ``claim_notes``)."""
+    summary = Summary.from_results(payload["runs"], config.eval_lengths)
+    command, seeds = payload["command"], config.seed_list
+    claims = [Claim(**c) for c in payload.get("claims") or []]
     md = [
         f"# {title}",
         "",
@@ -131,19 +270,52 @@ def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[s
         f"{config.context_length} bytes for {config.train.steps} steps of {config.train.batch_size} windows "
         f"(lr {config.train.learning_rate:g}, cosine, {config.train.warmup_steps} warm-up steps, initial weight "
         f"std {config.model.initializer_range:g}, unless a row says otherwise), {config.seeds} seeds per row "
-        f"({', '.join(map(str, config.seed_list))}). "
-        f"Training text: {corpus.name}. Evaluation: the first {config.eval_tokens} bytes of the held-out novel, "
-        "disjoint windows; held-out loss in nats per byte, mean ± sample sd over seeds (bold: best mean per "
-        "column). Floors: plug-in unigram and bigram entropies of the evaluation text.",
+        f"({', '.join(map(str, seeds))}). "
+        f"Training text: {payload['corpus']}. Evaluation: the first {config.eval_tokens} bytes of the held-out "
+        "novel, disjoint windows; held-out loss in nats per byte, mean ± sample sd over seeds "
+        f"({TABLE_NOTE}). Floors: plug-in unigram and bigram entropies of the evaluation text.",
         "",
-        markdown_table(summary, config.length_names, floors),
+        markdown_table(summary, config.length_names, payload["floors"]),
         "",
         *notes,
-        *closing_lines(payload["verdict"], why, config.context_length,
-                       f"Wall time {elapsed / 60:.1f} min ({payload['seconds_in_runs'] / 60:.1f} min in training and "
-                       f"evaluation runs, torch threads {torch.get_num_threads()})."),
+        *closing_lines(payload["verdict"], payload["why"], config.context_length,
+                       f"Wall time {payload['wall_seconds'] / 60:.1f} min ({payload['seconds_in_runs'] / 60:.1f} min "
+                       f"in training and evaluation runs, torch threads {payload['machine']['threads']}).",
+                       claims_section(claims, claim_notes)),
     ]
-    (out / "results.md").write_text("\n".join(md))
+    return "\n".join(md)
+
+
+def run(config: LengthGeneralisationConfig, out: str | Path, work: str | Path, command: str,
+        corpus: Corpus | None = None, progress: bool = True) -> dict[str, Any]:
+    """Run (or resume) the experiment; writes ``results.json``, ``results.md`` and ``heldout_loss.png`` to
+    ``out`` and returns the JSON payload. ``corpus`` defaults to the Austen novels."""
+    arms = {label: (spec, config.model, config.train) for label, spec in config.schemes.items()}
+    return run_from_scratch(config, arms, out, work, command, corpus=corpus, progress=progress,
+                            experiment=config.name, experiment_config=config.to_dict(), config_object=config)
+
+
+def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
+                     out: str | Path, work: str | Path, command: str, *, experiment: str,
+                     experiment_config: dict[str, Any], config_object: Any = None, corpus: Corpus | None = None,
+                     progress: bool = True, **_: Any) -> dict[str, Any]:
+    """Train every arm × seed from scratch on ``config``'s data, evaluate at ``config``'s lengths and write the
+    report (``results.json``, and ``results.md`` rendered from it by the ``experiment`` module's ``analyse`` and
+    ``render`` with ``config_object``, the experiment's own settings; ``heldout_loss.png``)."""
+    start = time.perf_counter()
+    out, work, corpus, prepared = begin(config, out, work, corpus)
+    grid = arm_cells(config, arms, prepared, work, experiment=experiment)
+    results = run_cells(grid, desc=f"{experiment} ({config.size})", progress=progress)
+    summary = Summary.from_results(results, config.eval_lengths)
+    first = {r["label"]: r["model_dir"] for r in results if r["seed"] == config.first_seed}
+    why = diagnose(first, prepared["eval_ids"][: config.diagnostic_tokens], config.context_length,
+                   out / "diagnostics", progress=progress)
+    floors = prepared["floors"]
+    elapsed = time.perf_counter() - start
+    payload = make_payload(experiment, command, experiment_config, corpus.name,
+                           "held-out cross-entropy in nats per byte (perplexity = exp)", floors, results, elapsed,
+                           summary=summary.to_dict(), why=why)
+    publish(out, payload, config if config_object is None else config_object)
     plot_summary(summary, out / "heldout_loss.png",
                  f"Trained at L = {config.context_length} bytes ({config.size}, {config.seeds} seeds)", floors,
                  config.context_length)

@@ -11,30 +11,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .stats import t_quantile
 
-def t_quantile(p: float, df: int) -> float:
-    """Quantile of Student's t distribution with ``df`` degrees of freedom (bisection on the CDF, whose density
-    is integrated with Simpson's rule; accurate to about 1e-6 for the p used here)."""
-    if not 0.5 <= p < 1 or df < 1:
-        raise ValueError(f"need 0.5 <= p < 1 and df >= 1, got p={p}, df={df}")
-    log_c = math.lgamma((df + 1) / 2) - math.lgamma(df / 2) - 0.5 * math.log(df * math.pi)
-
-    def cdf(x: float, steps: int = 4000) -> float:  # P(T <= x) for x >= 0
-        h = x / steps
-        total = 0.0
-        for i in range(steps + 1):
-            t = i * h
-            w = 1 if i in (0, steps) else (4 if i % 2 else 2)
-            total += w * math.exp(log_c - (df + 1) / 2 * math.log1p(t * t / df))
-        return 0.5 + total * h / 3
-
-    lo, hi = 0.0, 1.0
-    while cdf(hi) < p:
-        hi *= 2
-    for _ in range(60):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if cdf(mid) < p else (lo, mid)
-    return (lo + hi) / 2
+__all__ = ["t_quantile", "compare", "write_comparison"]
 
 
 def compare(committed: dict[str, Any], rerun: dict[str, Any], level: float = 0.95) -> dict[str, Any]:

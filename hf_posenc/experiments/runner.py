@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from .config import ExperimentSettings, ModelSettings, TrainSettings
+from .stats import Difference, compare
 from .tokenizer import VOCAB_SIZE
 
 # relative cost of a cell per scheme, for the time estimate (TAPA's phase attention: ~1.7x RoPE on CPU)
@@ -192,26 +193,49 @@ def mean_sd(values: Sequence[float]) -> tuple[float, float]:
     return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else 0.0)
 
 
+def _loss(value: float | None) -> float:
+    """A held-out loss as stored (``None``: a diverged run, written as ``null`` by strict JSON)."""
+    return math.inf if value is None else float(value)
+
+
 @dataclass
 class Summary:
-    """Per scheme and length, the seeds' mean ± sd of the held-out loss (nats per byte)."""
+    """Per scheme and length, the seeds' mean ± sd of the held-out loss (nats per byte), and the per-seed values
+    behind them (``values[label][length][seed]``), which the tests of :mod:`.stats` compare."""
 
     lengths: list[int]
     rows: dict[str, dict[int, tuple[float, float]]] = field(default_factory=dict)
     train_loss: dict[str, tuple[float, float]] = field(default_factory=dict)
     seconds: dict[str, float] = field(default_factory=dict)
+    values: dict[str, dict[int, dict[int, float]]] = field(default_factory=dict)
 
     @classmethod
     def from_results(cls, results: Sequence[dict[str, Any]], lengths: Sequence[int]) -> Summary:
         out = cls(lengths=list(lengths))
         for label in dict.fromkeys(r["label"] for r in results):
             mine = [r for r in results if r["label"] == label]
-            out.rows[label] = {n: mean_sd([r["perplexity"][str(n)]["nll"] for r in mine]) for n in lengths}
+            out.values[label] = {n: {r["seed"]: _loss(r["perplexity"][str(n)]["nll"]) for r in mine} for n in lengths}
+            out.rows[label] = {n: mean_sd([_loss(r["perplexity"][str(n)]["nll"]) for r in mine]) for n in lengths}
             losses = [r["final_train_loss"] for r in mine if r.get("final_train_loss") is not None]
             if losses:
                 out.train_loss[label] = mean_sd(losses)
             out.seconds[label] = statistics.fmean(r["seconds"] for r in mine)
         return out
+
+    def diff(self, a: str, b: str | float, length: int, other_length: int | None = None) -> Difference:
+        """``a − b`` at ``length`` (``b`` a row, or a constant such as a floor; ``b`` at ``other_length`` if
+        given), paired by seed when both rows have the same seeds (:func:`.stats.compare`)."""
+        right = b if isinstance(b, (int, float)) else self.values[b][length if other_length is None else other_length]
+        return compare(self.values[a][length], right)
+
+    def growth(self, label: str, start: int, end: int) -> dict[int, float]:
+        """Per seed, the loss at ``end`` minus the loss at ``start`` (the same model at two lengths)."""
+        return {s: self.values[label][end][s] - v for s, v in self.values[label][start].items()}
+
+    def growth_diff(self, a: str, b: str, start: int, end: int, scale: float = 1.0) -> Difference:
+        """``growth(a) − scale · growth(b)`` from ``start`` to ``end``, paired by seed when the seeds match."""
+        gb = {s: scale * v for s, v in self.growth(b, start, end).items()}
+        return compare(self.growth(a, start, end), gb)
 
     def to_dict(self) -> dict[str, Any]:
         return {
