@@ -96,8 +96,9 @@ def rope_layer_keys(config: Any, layers: str) -> list[str | None]:
         return [k for k in nested if config.rope_parameters[k] is not None]
     if config.rope_parameters.get(GLOBAL_LAYER_TYPE) is None:
         raise ValueError(
-            f"this {config.model_type.removeprefix(MODEL_TYPE_PREFIX)!r} model sets rotary parameters per layer type {sorted(nested)} with no "
-            f"{GLOBAL_LAYER_TYPE!r} entry, so layers='global' names no layers; pass layers='all'."
+            f"this {config.model_type.removeprefix(MODEL_TYPE_PREFIX)!r} model sets rotary parameters per layer type "
+            f"{sorted(nested)} with no {GLOBAL_LAYER_TYPE!r} entry, so layers='global' names no layers; pass "
+            "layers='all'."
         )
     return [GLOBAL_LAYER_TYPE]
 
@@ -238,7 +239,6 @@ class Family:
     @property
     def stock_model_type(self) -> str:
         return self.stock_config_class.model_type
-
 
 
 def make_family(stock_config_class: type, stock_model_class: type, module: str, notes: list[str] | None = None, *,

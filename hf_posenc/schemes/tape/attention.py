@@ -8,7 +8,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...upstream import attn_implementation, family_eager_attention, layer_cache
+from ...upstream import attn_implementation, family_eager_attention
 from ..compiled import compiled_inference, opaque_op
 from ..masks import written_keys
 from .one_map import attend_values_and_states
@@ -202,7 +202,7 @@ class TapeAttentionMixin:
     Transformers' output hooks record its attention maps (``output_attentions=True``) as for the stock model."""
 
     def forward(self, hidden_states: torch.Tensor, tape_state: torch.Tensor, attention_mask=None,
-                past_key_values=None, mix_states: bool = True, e_tilde_unread: bool = False, cache=None, **kwargs):
-        return tape_attention(self, hidden_states, tape_state, attention_mask,
-                              layer_cache(past_key_values, cache), mix_states=mix_states,
+                cache=None, mix_states: bool = True, e_tilde_unread: bool = False, **kwargs):
+        """Called by :class:`~.modeling.TapeLayerMixin` with the cache it resolved from either keyword."""
+        return tape_attention(self, hidden_states, tape_state, attention_mask, cache, mix_states=mix_states,
                               e_tilde_unread=e_tilde_unread, **kwargs)

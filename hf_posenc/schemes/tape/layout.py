@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from torch import nn
 
 from ..base import head_dim, layer_rope_parameters, rotary_dim
