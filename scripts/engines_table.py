@@ -17,9 +17,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PARITY = {"test_ddp_matches_one_process": "DDP", "test_fsdp2_matches_one_process": "FSDP2",
-          "test_deepspeed_zero3_matches_one_process": "ZeRO-3"}
-RESUME = {"ZeRO-3": "test_deepspeed_zero3_resumes_after_a_kill", "FSDP2": "test_fsdp2_resumes_after_a_kill"}
+          "test_deepspeed_zero3_matches_one_process": "ZeRO-3",
+          "test_sequence_parallel_matches_one_process": "sequence parallel (Ulysses)"}
+RESUME = {"sequence parallel (Ulysses) with ZeRO-3": "test_sequence_parallel_zero3_resumes_after_a_kill",
+          "FSDP2": "test_fsdp2_resumes_after_a_kill"}
 CP_PROBE = "test_context_parallel_has_no_cpu_path_in_this_pytorch"
+TABLE_CHECK = "test_engine_table_cells_name_tests_of_this_module_and_the_docs_embed_it"
 CP_REFUSAL = "test_context_parallel_refuses_tapa_and_tape"
 NO_CPU_CP = ("PyTorch's context parallelism shards SDPA's CUDA kernels only (no sharding strategy for the CPU "
              "flash-attention op) and accelerate enables it only with FSDP2 on GPUs; the frequency schemes change "
@@ -37,7 +40,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.xml"
         done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_distributed.py",
-                               f"--junitxml={report}"], cwd=ROOT)
+                               f"--junitxml={report}", "--deselect", f"tests/test_distributed.py::{TABLE_CHECK}"],
+                              cwd=ROOT)  # the check of the table being written cannot pass before it is written
         cases = ET.parse(report).getroot().iter("testcase")
         outcome = {c.get("name"): not any(child.tag in ("failure", "error", "skipped") for child in c) for c in cases}
     if done.returncode != 0 or not all(outcome.values()):

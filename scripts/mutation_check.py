@@ -407,6 +407,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         "under ZeRO-3 the head's weight exists only inside its forward: the model computes the loss",
     ),
     Mutation(
+        "sequence-parallel-resume-retrains-the-first-shards", "hf_posenc/training/sequence_parallel.py",
+        "for _ in range((global_step % per_epoch) * accumulate):",
+        "for _ in range(0):",
+        ("tests/test_distributed.py::test_sequence_parallel_zero3_resumes_after_a_kill",),
+        "a resumed sequence-parallel run continues past the micro-batches its checkpoint trained",
+    ),
+    Mutation(
+        "tape-one-map-path-bypasses-the-sequence-parallel-wrapper", "hf_posenc/schemes/tape/attention.py",
+        "return (not attn.training and q.device.type",
+        "return (q.device.type",
+        ("tests/test_sequence_parallel.py::test_gradients_match_one_process[tape]",),
+        "in training TAPE attends through the registered function, which DeepSpeed's wrapper replaces",
+    ),
+    Mutation(
         "chunked-training-loss-drops-the-logit-scale", "hf_posenc/training/trainer.py",
         "scale, softcap = output_logit_transform(self.causal_lm.config)",
         "scale, softcap = 1.0, output_logit_transform(self.causal_lm.config)[1]",

@@ -1,7 +1,8 @@
-"""Sharded training of every scheme for real, on two CPU processes (gloo): DeepSpeed ZeRO-3 through
-``accelerate launch`` and hf-posenc's Trainer, FSDP2 through :func:`hf_posenc.training.distributed.shard_fsdp2`
-(accelerate turns FSDP on only for GPU launches), each against a single-process run of the same global batch;
-the saved adapters load in one process; nothing trainable is missing from what a sharded run saves."""
+"""Sharded training of every scheme for real, on two CPU processes (gloo): DeepSpeed ZeRO-3 and Ulysses sequence
+parallelism with ZeRO-3 through ``accelerate launch`` and hf-posenc's Trainer, FSDP2 through
+:func:`hf_posenc.training.distributed.shard_fsdp2` (accelerate turns FSDP on only for GPU launches), each against a
+single-process run of the same global batch; the saved adapters load in one process; nothing trainable is missing
+from what a sharded run saves."""
 
 from __future__ import annotations
 
@@ -44,13 +45,14 @@ def free_port() -> int:
 
 
 def _launch_cmd(ws: Path, name: str, scheme: str, config: str | None, port: int, batch: int, steps: int = STEPS,
-                save_steps: int = STEPS, *extra: str) -> list[str]:
+                save_steps: int = STEPS, *extra: str, accumulate: int = 1) -> list[str]:
     """The command that trains ``scheme`` for ``steps`` steps: under ``accelerate launch --config_file config``
-    (two processes of ``batch`` each) or in one process (``config`` None) with the same global batch. DDP on CPU
-    needs ``use_cpu`` (the Trainer's gloo path); DeepSpeed must not have it (it would fall back to DDP)."""
+    (two processes of ``batch`` each, or, sequence-parallel, one sequence of ``batch`` split over both) or in one
+    process (``config`` None) with the same global batch; ``accumulate`` micro-batches a step. DDP on CPU needs
+    ``use_cpu`` (the Trainer's gloo path); DeepSpeed must not have it (it would fall back to DDP)."""
     recipe = _recipe(ws, name, scheme=SCHEMES[scheme], peft={"dropout": 0.0},
                      training={"max_steps": steps, "save_steps": save_steps,
-                               "use_cpu": config in (None, DDP_CONFIG),
+                               "use_cpu": config in (None, DDP_CONFIG), "gradient_accumulation_steps": accumulate,
                                "per_device_train_batch_size": batch, "activation_checkpointing": True},
                      output={"merge": True})
     (ws / f"{name}.yaml").write_text(yaml.safe_dump(recipe))
@@ -69,39 +71,56 @@ def _losses(run_dir: Path) -> list[float]:
     return [r["loss"] for r in read_log(run_dir / "log.jsonl") if "loss" in r]
 
 
-@pytest.fixture(scope="module")
-def zero3_config(workspace) -> str:  # noqa: F811
-    """recipes/accelerate/deepspeed-zero3-cpu.yaml as DeepSpeed receives it (accelerate's own translation), with
+def _partition_everything(workspace: Path, shipped_name: str) -> str:
+    """recipes/accelerate/``shipped_name`` as DeepSpeed receives it (accelerate's own translation), with
     ``stage3_param_persistence_threshold: 0``: DeepSpeed keeps parameters below 10·hidden_size elements whole on
     every rank, which on a tiny model is every LoRA and TAPE weight (on a 7B model they are partitioned), so the
     test partitions everything, as a real model's sizes would."""
     from accelerate.utils import DeepSpeedPlugin
 
-    shipped = yaml.safe_load((REPO / "recipes/accelerate/deepspeed-zero3-cpu.yaml").read_text())
+    shipped = yaml.safe_load((REPO / "recipes/accelerate" / shipped_name).read_text())
     ds = dict(shipped.pop("deepspeed_config"))
     assert shipped.pop("mixed_precision") == "no"  # fp32: the JSON config then sets no precision either
     init = ds.pop("zero3_init_flag")
     config = DeepSpeedPlugin(**ds).deepspeed_config
     config["zero_optimization"]["stage3_param_persistence_threshold"] = 0
-    (workspace / "zero3.json").write_text(json.dumps(config))
-    shipped["deepspeed_config"] = {"deepspeed_config_file": str(workspace / "zero3.json"), "zero3_init_flag": init}
-    (workspace / "zero3-cpu.yaml").write_text(yaml.safe_dump(shipped))
-    return str(workspace / "zero3-cpu.yaml")
+    stem = Path(shipped_name).stem
+    (workspace / f"{stem}.json").write_text(json.dumps(config))
+    shipped["deepspeed_config"] = {"deepspeed_config_file": str(workspace / f"{stem}.json"), "zero3_init_flag": init}
+    (workspace / shipped_name).write_text(yaml.safe_dump(shipped))
+    return str(workspace / shipped_name)
 
 
-def _compare_with_one_process(ws: Path, engine: str, config: str, scheme: str, port: int) -> None:
-    """Train ``scheme`` under ``config`` (two processes of batch 2) and in one process (batch 4): equal losses at
-    every step; the saved adapter is complete and, loaded in one process, gives the single-process adapter's
-    logits; the merged checkpoint gives the same logits."""
+@pytest.fixture(scope="module")
+def zero3_config(workspace) -> str:  # noqa: F811
+    """recipes/accelerate/deepspeed-zero3-cpu.yaml, every weight partitioned (:func:`_partition_everything`)."""
+    return _partition_everything(workspace, "deepspeed-zero3-cpu.yaml")
+
+
+@pytest.fixture(scope="module")
+def sp_config(workspace) -> str:  # noqa: F811
+    """recipes/accelerate/ulysses-sp-zero3-cpu.yaml (sequence-parallel size 2 with ZeRO-3), every weight
+    partitioned (:func:`_partition_everything`)."""
+    return _partition_everything(workspace, "ulysses-sp-zero3-cpu.yaml")
+
+
+def _compare_with_one_process(ws: Path, engine: str, config: str, scheme: str, port: int,
+                              sequence_parallel: bool = False) -> None:
+    """Train ``scheme`` under ``config`` (two processes of batch 2; sequence-parallel: each sequence split over
+    both, 4 micro-batches of one sequence a step) and in one process (batch 4): equal losses at every step; the
+    saved adapter is complete and, loaded in one process, gives the single-process adapter's logits; the merged
+    checkpoint gives the same logits."""
     from hf_posenc.training.distributed import missing_from_adapter
 
-    sharded = _run_recipe(ws, f"{engine}-{scheme}", scheme, config, port, batch=2)
+    shape = {"batch": 1, "accumulate": 4} if sequence_parallel else {"batch": 2}
+    sharded = _run_recipe(ws, f"{engine}-{scheme}", scheme, config, port, **shape)
     assert sharded.returncode == 0, sharded.stderr.decode()[-4000:]
     if not (ws / f"single-{scheme}" / "log.jsonl").exists():
         single = _run_recipe(ws, f"single-{scheme}", scheme, None, port, batch=4)
         assert single.returncode == 0, single.stderr.decode()[-4000:]
     log = [r for r in read_log(ws / f"{engine}-{scheme}" / "log.jsonl") if "loss" in r]
     assert [r["world_size"] for r in log] == [2] * STEPS  # really two processes
+    assert [r.get("sequence_parallel_size") for r in log] == [2 if sequence_parallel else None] * STEPS
     a, b = _losses(ws / f"{engine}-{scheme}"), _losses(ws / f"single-{scheme}")
     assert len(a) == len(b) == STEPS
     assert a == pytest.approx(b, rel=LOSS_TOL, abs=LOSS_TOL), (a, b)
@@ -130,6 +149,15 @@ def test_deepspeed_zero3_matches_one_process(workspace, zero3_config, scheme):  
     _compare_with_one_process(workspace, "zero3", zero3_config, scheme, free_port())
 
 
+@pytest.mark.parametrize("scheme", sorted(SCHEMES))
+def test_sequence_parallel_matches_one_process(workspace, sp_config, scheme):  # noqa: F811
+    """Ulysses sequence parallelism with ZeRO-3 (recipes/accelerate/ulysses-sp-zero3-cpu.yaml, every weight
+    partitioned): each sequence split over the two processes, LoRA, the scheme's modules in modules_to_save and
+    gradient checkpointing (see _compare_with_one_process). One process on the whole sequences gives the same loss
+    at every step only if the two halves saw each other through DeepSpeed's all-to-all, with global positions."""
+    _compare_with_one_process(workspace, "sp", sp_config, scheme, free_port(), sequence_parallel=True)
+
+
 def load_merged(path: Path):
     from transformers import AutoModelForCausalLM
 
@@ -149,30 +177,31 @@ def _kill_tree(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def test_deepspeed_zero3_resumes_after_a_kill(workspace, zero3_config):  # noqa: F811
-    """SIGKILL to the whole launch (launcher and both ranks) after the first checkpoint; ``--resume`` continues
-    from the sharded DeepSpeed checkpoint and repeats the uninterrupted run's loss at every step."""
+def test_sequence_parallel_zero3_resumes_after_a_kill(workspace, sp_config):  # noqa: F811
+    """SIGKILL to the whole launch (launcher and both ranks) of a sequence-parallel ZeRO-3 run after its first
+    checkpoint; ``--resume`` continues from the sharded DeepSpeed checkpoint, DeepSpeed's sequence-sharding data
+    loader skipping what was trained, and repeats the uninterrupted run's loss at every step."""
     steps = 6
-    killed = _launch_cmd(workspace, "zero3-killed", "tape", zero3_config, free_port(), 2, steps, 2)
-    with open(workspace / "zero3-killed.stderr", "wb") as err:
+    killed = _launch_cmd(workspace, "sp-killed", "tape", sp_config, free_port(), 1, steps, 2)
+    with open(workspace / "sp-killed.stderr", "wb") as err:
         proc = subprocess.Popen(killed, env=_env(), stdout=subprocess.DEVNULL, stderr=err)
-        ckpt = workspace / "zero3-killed" / "checkpoint-2" / "trainer_state.json"
+        ckpt = workspace / "sp-killed" / "checkpoint-2" / "trainer_state.json"
         deadline = time.time() + 300
         while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
             time.sleep(0.05)
         alive = proc.poll() is None
         _kill_tree(proc)
     time.sleep(1)  # nothing may still be writing to the run's directory
-    assert alive, (workspace / "zero3-killed.stderr").read_text()[-3000:]
-    before = [r["step"] for r in read_log(workspace / "zero3-killed" / "log.jsonl") if "loss" in r]
+    assert alive, (workspace / "sp-killed.stderr").read_text()[-3000:]
+    before = [r["step"] for r in read_log(workspace / "sp-killed" / "log.jsonl") if "loss" in r]
     assert 2 <= max(before) < steps, before
 
-    resumed = subprocess.run(_launch_cmd(workspace, "zero3-killed", "tape", zero3_config, free_port(), 2, steps, 2,
+    resumed = subprocess.run(_launch_cmd(workspace, "sp-killed", "tape", sp_config, free_port(), 1, steps, 2,
                                          "--resume"), env=_env(), capture_output=True, timeout=600)
     assert resumed.returncode == 0, resumed.stderr.decode()[-4000:]
-    full = _run_recipe(workspace, "zero3-full", "tape", zero3_config, free_port(), 2, steps, 2)
+    full = _run_recipe(workspace, "sp-full", "tape", sp_config, free_port(), 1, steps, 2)
     assert full.returncode == 0, full.stderr.decode()[-4000:]
-    a, b = _losses(workspace / "zero3-killed"), _losses(workspace / "zero3-full")
+    a, b = _losses(workspace / "sp-killed"), _losses(workspace / "sp-full")
     assert len(a) == len(b) == steps
     assert a == pytest.approx(b, rel=LOSS_TOL, abs=LOSS_TOL), (a, b)
 

@@ -128,6 +128,20 @@ class SchemeConfig:
         attention over SDPA), or ``None``: frequency schemes change only each position's rotary frequencies."""
         return None
 
+    # The scheme's attention finds packed documents in the position ids itself (TAPA's segments), so they stay
+    # apart under Ulysses sequence parallelism whatever kernel runs underneath; otherwise only a kernel that reads
+    # the gathered position ids (flash attention's varlen path) keeps them apart there.
+    separates_packed_documents: ClassVar[bool] = False
+
+    def sequence_parallel_refusal(self, config: Any) -> str | None:
+        """Why the scheme cannot train under Ulysses sequence parallelism (DeepSpeed's all-to-all around the
+        attention function: each process gets the whole sequence for a slice of the heads), or ``None``.
+
+        Frequency schemes rotate each shard with its own position ids before the exchange, and a scheme whose
+        attention is a function registered with Transformers is called through DeepSpeed's wrapper with the gathered
+        position ids, so both run unchanged. ``config``: the model's config."""
+        return None
+
     # -- modules a scheme adds to the model (TAPE); frequency and attention schemes add none ------------------
     trainable_modules: ClassVar[tuple[str, ...]] = ()
 

@@ -9,7 +9,8 @@ context parallelism can split.
   main process: a sharded model's own ``state_dict()`` holds only this rank's pieces.
 * :func:`missing_from_adapter` names every trainable weight (LoRA factors, ``modules_to_save`` such as TAPE's
   modules) absent from a saved adapter; the Trainer refuses to finish with such an adapter.
-* :func:`context_parallel_refusal` says why TAPA and TAPE cannot run with context parallelism.
+* :func:`context_parallel_refusal` says why TAPA and TAPE cannot run with context parallelism (Ulysses sequence
+  parallelism, :mod:`~hf_posenc.training.sequence_parallel`, splits their sequences instead).
 """
 
 from __future__ import annotations
@@ -118,7 +119,9 @@ def context_parallel_refusal(scheme_name: str) -> str | None:
     from ..schemes import SCHEMES
 
     reason = SCHEMES[scheme_name].context_parallel_refusal()
-    return None if reason is None else f"{reason}. Use DDP, FSDP2 or ZeRO-3 without cp_size"
+    return None if reason is None else (f"{reason}. Split the sequence with Ulysses sequence parallelism instead "
+                                        "(recipes/accelerate/ulysses-sp-zero3.yaml), or use DDP, FSDP2 or ZeRO-3 "
+                                        "without cp_size")
 
 
 def requested_context_parallel_size(args: Any = None) -> int:

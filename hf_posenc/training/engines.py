@@ -1,5 +1,5 @@
-"""The distributed-engine support table: scheme × engine (DDP, FSDP2, ZeRO-3, context parallel), as the
-two-process tests (``tests/test_distributed.py``) found it.
+"""The distributed-engine support table: scheme × engine (DDP, FSDP2, ZeRO-3, Ulysses sequence parallel with
+ZeRO-3, context parallel), as the two-process tests (``tests/test_distributed.py``) found it.
 
 Written by ``scripts/engines_table.py`` from a run of those tests and committed as ``hf_posenc/data/engines.json``;
 each cell names the test that decides it. ``verified``: the test passed (two CPU processes, loss equal to one
@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 ENGINE_TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "engines.json"
-ENGINES = ("DDP", "FSDP2", "ZeRO-3", "context parallel")
+ENGINES = ("DDP", "FSDP2", "ZeRO-3", "sequence parallel (Ulysses)", "context parallel")
 ENGINE_SCHEMES = ("cope", "prope", "tapa", "tape")
 
 

@@ -4,7 +4,9 @@ The same code runs on one device and under ``accelerate launch``/``torchrun`` (D
 the configs in ``recipes/accelerate/``): Transformers' Trainer picks the distributed setup from the environment. A
 sharded run saves a gathered state dict, refuses an adapter that lacks a trainable weight, and merges and
 evaluates an unsharded copy on the main process; context parallelism is refused for TAPA and TAPE (see
-:mod:`hf_posenc.training.distributed`).
+:mod:`hf_posenc.training.distributed`). A launch whose accelerate config sets ``parallelism_config_sp_size`` trains
+with the sequence split over the processes by DeepSpeed's Ulysses (:mod:`hf_posenc.training.sequence_parallel`),
+every scheme included; what cannot run that way is refused before any weight loads.
 """
 
 from __future__ import annotations
@@ -23,10 +25,13 @@ import yaml
 from torch.distributed.tensor import DTensor
 from transformers import Trainer, TrainerCallback, TrainingArguments, set_seed
 
+from ..upstream import attn_implementation
 from .config import Recipe, RecipeError, uses_custom_attention
 from .data import build_dataset, collate
 from .distributed import check_adapter_complete, context_parallel_refusal, gathered_state_dict, is_sharded
 from .distributed import requested_context_parallel_size
+from .sequence_parallel import requested_sequence_parallel_size, resume_past_trained_shards, sequence_parallel_config
+from .sequence_parallel import sequence_parallel_refusal
 from ..layers import output_logit_transform
 from .loss import chunked_linear_cross_entropy, liger_linear_cross_entropy, shift_for_causal_lm
 
@@ -163,8 +168,11 @@ class JsonlLogCallback(TrainerCallback):
         if state.is_world_process_zero and logs:
             if "train_loss" in logs:  # the Trainer averages this session's steps only: after a resume, the whole run
                 logs["train_loss"] = run_mean_loss(read_log(self.path), logs["train_loss"])
+            sp = requested_sequence_parallel_size(args)
+            record = {"step": state.global_step, "world_size": args.world_size,
+                      **({"sequence_parallel_size": sp} if sp > 1 else {}), **logs}
             with self.path.open("a") as fh:
-                fh.write(json.dumps({"step": state.global_step, "world_size": args.world_size, **logs}) + "\n")
+                fh.write(json.dumps(record) + "\n")
 
 
 def run_mean_loss(records: list[dict[str, Any]], default: float) -> float:
@@ -206,9 +214,17 @@ class PosEncTrainer(Trainer):
         self.chunk_size = chunk_size
         self.causal_lm = causal_lm
 
+    def train(self, resume_from_checkpoint: str | None = None, **kwargs: Any):  # noqa: D102
+        if (resume_from_checkpoint and requested_sequence_parallel_size(self.args) > 1
+                and not self.args.ignore_data_skip):
+            resume_past_trained_shards(self, resume_from_checkpoint)
+        return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
         # use_cache=False: Transformers only derives packed-document masks from position ids without a cache.
         inputs = {**inputs, "use_cache": False}
+        if requested_sequence_parallel_size(self.args) > 1:  # the Trainer's: each shard's loss weighted by its tokens
+            return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
         # a head in PEFT's modules_to_save hands out the weight and bias of its active (trained) copy
         head = None if self.loss_implementation == "full" else self.causal_lm.lm_head
         if head is not None and not hasattr(head, "weight"):
@@ -242,13 +258,15 @@ class PosEncTrainer(Trainer):
         return (loss, outputs) if return_outputs else loss
 
 
-def training_arguments(recipe: Recipe) -> TrainingArguments:
+def training_arguments(recipe: Recipe, parallelism_config: Any = None) -> TrainingArguments:
     """The recipe's ``training`` section as ``TrainingArguments`` writing to ``output.dir``, built when the run starts
     (Transformers sets up devices and DeepSpeed on construction); a distributed CPU launch gets gloo unless the
-    recipe names a ``ddp_backend``."""
+    recipe names a ``ddp_backend``. ``parallelism_config``: accelerate's, for sequence parallelism."""
     distributed_cpu = (not torch.cuda.is_available()) and int(os.environ.get("WORLD_SIZE", "1")) > 1
-    gloo = distributed_cpu and recipe.training.ddp_backend is None
-    return recipe.training.to_training_arguments(recipe.output.dir, **({"ddp_backend": "gloo"} if gloo else {}))
+    settings: dict[str, Any] = {"ddp_backend": "gloo"} if distributed_cpu and recipe.training.ddp_backend is None else {}
+    if parallelism_config is not None:
+        settings["parallelism_config"] = parallelism_config
+    return recipe.training.to_training_arguments(recipe.output.dir, **settings)
 
 
 # -- the run ----------------------------------------------------------------------------------------------------
@@ -340,6 +358,22 @@ def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix.rstrip("."): data}
 
 
+def check_sequence_parallel(recipe: Recipe, scheme: Any, config: Any) -> None:
+    """Refuse, before any weight loads, a sequence-parallel launch that cannot train as asked (see
+    :func:`~.sequence_parallel.sequence_parallel_refusal`): never a silent run on unsharded sequences."""
+    size = requested_sequence_parallel_size()
+    if size == 1:
+        return
+    refusal = sequence_parallel_refusal(
+        config, scheme, scheme.attention_name() or recipe.model.attn_implementation, size,
+        world_size=int(os.environ.get("WORLD_SIZE", "1")),
+        deepspeed=os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true",
+        sequences_per_device=recipe.training.per_device_train_batch_size,
+        packed_documents=recipe.data.packing == "restart")
+    if refusal:
+        raise RecipeError(f"sequence parallelism (sp_size={size}) was asked for, but {refusal}.")
+
+
 def check_resumable(recipe: Recipe, out: Path) -> None:
     """A resumed run continues the run ``out/recipe.yaml`` records: a recipe that changes what trains (context
     length, data, scheme, learning rate, ...) would make that record misdescribe the first steps, so it is refused
@@ -388,6 +422,7 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
 
     scheme = recipe.scheme_config()
     config = load_model_config(recipe)  # checks that need no weights
+    check_sequence_parallel(recipe, scheme, config)
     notes = context_length_notes(recipe, config)
     for note in notes:
         warnings.warn(note, stacklevel=2)
@@ -415,8 +450,10 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
         elif log_path.exists():
             log_path.unlink()
 
+    sp_size = requested_sequence_parallel_size()
+    parallelism = None if sp_size == 1 else sequence_parallel_config(attn_implementation(causal_lm.config), sp_size)
     trainer = PosEncTrainer(
-        model=model, args=training_arguments(recipe), train_dataset=dataset, data_collator=collate,
+        model=model, args=training_arguments(recipe, parallelism), train_dataset=dataset, data_collator=collate,
         callbacks=[JsonlLogCallback(log_path)], loss_implementation=recipe.loss.implementation,
         chunk_size=recipe.loss.chunk_size, causal_lm=causal_lm, scheme_name=scheme.name,
     )

@@ -31,6 +31,7 @@ class TAPAConfig(SchemeConfig):
     attn_implementation: ClassVar[str | None] = ATTN_NAME
     computes_attention: ClassVar[bool] = True
     whole_head: ClassVar[bool] = True  # θ splits each whole head into amplitude and phase dims (eq. 12)
+    separates_packed_documents: ClassVar[bool] = True  # segments from the position ids (tapa_attend)
     layers: Literal["global", "all"] = "all"
     alpha: float = 0.1
     theta: float = 0.5

@@ -76,7 +76,7 @@ def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, val
                          "separately)")
     fn = attention_function(attn)
     name = attn_implementation(attn.config)
-    if name == "sdpa" and _one_map_on_cpu(q, k, values_and_states, kwargs):
+    if name == "sdpa" and _one_map_on_cpu(attn, q, k, values_and_states, kwargs):
         causal = (q.shape[2] > 1 and attention_mask is None
                   and (kwargs["is_causal"] if kwargs.get("is_causal") is not None else getattr(attn, "is_causal", True)))
         if causal and k.shape[2] > q.shape[2]:  # SDPA's rule too: an empty static cache's prefill reads its own keys
@@ -93,15 +93,20 @@ def mix_values_and_states(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, val
         return out[..., :d], out[..., d:], weights
     o, weights = fn(attn, q, k, values_and_states[..., :d], attention_mask, **kwargs)
     e_tilde, _ = fn(attn, q, k, values_and_states[..., d:], attention_mask, **kwargs)
-    return o, e_tilde, weights
+    # [B, S, Hq, D]; DeepSpeed's Ulysses wrapper (sequence parallelism) hands back [B, S, Hq·D]
+    return o, e_tilde.reshape(*e_tilde.shape[:2], -1, d), weights
 
 
-def _one_map_on_cpu(q: torch.Tensor, k: torch.Tensor, values_and_states: torch.Tensor, kwargs: dict) -> bool:
+def _one_map_on_cpu(attn: nn.Module, q: torch.Tensor, k: torch.Tensor, values_and_states: torch.Tensor,
+                    kwargs: dict) -> bool:
     """Whether :func:`~.one_map.attend_values_and_states` stands in for SDPA's two calls: CPU, fp32/fp64, no
-    dropout, nothing that needs a gradient (training keeps the flash kernels' memory-light backward), not under
-    torch.compile (its graph keeps SDPA), and no SDPA extra this path does not read (position bias, paged cache)."""
+    dropout, a module in eval mode with nothing that needs a gradient (training keeps the flash kernels'
+    memory-light backward, and the no-grad forward of reentrant checkpointing keeps the registered function, which
+    DeepSpeed's sequence-parallel wrapper may have replaced), not under torch.compile (its graph keeps SDPA), and no
+    SDPA extra this path does not read (position bias, paged cache)."""
     tensors = (q, k, values_and_states)
-    return (q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64) and not kwargs.get("dropout")
+    return (not attn.training and q.device.type == "cpu" and q.dtype in (torch.float32, torch.float64)
+            and not kwargs.get("dropout")
             and not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
             and not torch.compiler.is_compiling()
             and all(kwargs.get(name) is None for name in ("position_bias", "cache", "softcap")))

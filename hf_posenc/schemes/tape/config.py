@@ -86,6 +86,18 @@ class TAPEConfig(SchemeConfig):
                 "shard would need the states riding with V around the ring, which context parallelism does not "
                 "pass")
 
+    def sequence_parallel_refusal(self, config: Any) -> str | None:
+        """Eq. 7's states pass DeepSpeed's wrapper as a second value beside V (key-wide, as it requires); the fused
+        kernel's single [V | E] call, and the zero-padded single call that attention dropout needs, are wider."""
+        if self.backend == "triton":
+            return ("the fused kernel attends over [V | E] in one call, twice as wide as the keys DeepSpeed's "
+                    "Ulysses wrapper exchanges; patch with backend='auto' (the states then pass through the "
+                    "wrapper as a second value)")
+        if getattr(config, "attention_dropout", 0.0):
+            return ("with attention dropout TAPE attends over [V | E] in one call (one dropout mask for eq. 6 and "
+                    "7), wider than the heads DeepSpeed's Ulysses wrapper exchanges; set attention_dropout to 0")
+        return None
+
     def resolved(self, head_dim: int) -> TAPEConfig:
         inner = self.frequency_scheme().resolved(head_dim)
         frequencies = None if self.frequencies is None else {"scheme": inner.name, **inner.to_dict()}
