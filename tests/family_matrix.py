@@ -16,7 +16,7 @@ import torch
 
 import hf_posenc
 from hf_posenc.patches.derive import FamilyRefused, rotary_causal_lm_types, static_refusal, stock_classes
-from hf_posenc.patches.table import SCHEMES
+from hf_posenc.patches.table import table_schemes
 
 # Identity settings (the model must not change at all) and active settings of each frequency scheme.
 FREQUENCY_SCHEMES = {
@@ -309,12 +309,23 @@ def check_tape(stock: Any, ids: torch.Tensor, reference: torch.Tensor) -> None:
     _round_trip(model, ids, out)
 
 
-def check_family(model_type: str, schemes: tuple[str, ...] = SCHEMES, round_trip_schemes: tuple[str, ...] = ("cope",),
-                 triage: bool = False, keep: Any = None) -> dict[str, dict[str, str]]:
-    """Run the checks of each scheme on a tiny ``model_type``: ``{scheme: {"status", "reason"?}}``.
+def check_registered(stock: Any, scheme: str, ids: torch.Tensor) -> None:
+    """A scheme registered from outside the package, with its default options: finite logits and cached
+    generation equal to the full forward (its own identity settings and formulas are its package's to test)."""
+    model = _patch(copy.deepcopy(stock), scheme)
+    assert torch.isfinite(logits(model, ids)).all(), f"{scheme}: non-finite logits"
+    _generation(model, ids)
+
+
+def check_family(model_type: str, schemes: tuple[str, ...] | None = None,
+                 round_trip_schemes: tuple[str, ...] = ("cope",), triage: bool = False,
+                 keep: Any = None) -> dict[str, dict[str, str]]:
+    """Run the checks of each scheme (default: every registered one) on a tiny ``model_type``:
+    ``{scheme: {"status", "reason"?}}``.
 
     A refusal (a ``ValueError`` from ``patch_model``) is recorded with its reason; a tiny config that cannot be
     built makes the row untested with the reason; any other failure propagates (a test failure)."""
+    schemes = table_schemes() if schemes is None else schemes
     reason = static_refusal(model_type)
     if reason is not None:
         return {s: {"status": "refused", "reason": reason} for s in schemes}
@@ -336,8 +347,10 @@ def check_family(model_type: str, schemes: tuple[str, ...] = SCHEMES, round_trip
                                        None if keep is None else f"{keep}/{scheme}")
             elif scheme == "tapa":
                 check_tapa(stock, ids)
-            else:
+            elif scheme == "tape":
                 check_tape(stock, ids, reference)
+            else:
+                check_registered(stock, scheme, ids)
         except Refused as exc:
             results[scheme] = {"status": "refused", "reason": refusal_reason(str(exc))}
             continue

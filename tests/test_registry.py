@@ -174,3 +174,31 @@ def test_a_module_the_flattener_cannot_rewrite_is_refused(tmp_path, monkeypatch)
 def test_scheme_configs_stay_plain_frozen_dataclasses():
     for cls in SCHEMES.values():
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+
+
+def test_the_docs_scheme_from_outside_gets_its_refusals_and_its_table_column(tmp_path):
+    """docs/architecture.md's "Adding a scheme" block, saved as a module of its own: the family table regenerated
+    with it (scripts/families_table.py --import) has its column, verified on llama (patched, finite, cached
+    generation equal to the full forward) and refused on phimoe with CoPE's reason (every scheme is refused there)."""
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    page = (repo / "docs" / "architecture.md").read_text()
+    block = re.search(r"```python\n(# half_scheme\.py.*?)```", page, re.S).group(1)
+    (tmp_path / "half_scheme.py").write_text(block)
+    env = {**__import__("os").environ, "PYTHONPATH": f"{tmp_path}:{repo}"}
+    done = subprocess.run([sys.executable, str(repo / "scripts" / "families_table.py"), "--only", "llama", "phimoe",
+                           "--import", "half_scheme", "--out", str(tmp_path / "families.json")],
+                          env=env, capture_output=True, timeout=600)
+    assert done.returncode == 0, done.stdout.decode()[-2000:] + done.stderr.decode()[-2000:]
+    table = json.loads((tmp_path / "families.json").read_text())
+    assert "half" in table["schemes"] and set(table["schemes"]) >= set(SCHEMES)
+    assert table["families"]["llama"]["half"] == {"status": "verified"}
+    assert table["families"]["phimoe"]["half"]["status"] == "refused"
+    assert table["families"]["phimoe"]["half"]["reason"] == table["families"]["phimoe"]["cope"]["reason"]
+    from hf_posenc.patches.table import format_table
+
+    assert "| half |" in format_table(table, markdown=True).splitlines()[0] + "|"

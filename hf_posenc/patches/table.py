@@ -15,7 +15,13 @@ from typing import Any
 from ..schemes import SCHEMES as REGISTERED
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "families.json"
-SCHEMES = tuple(sorted(REGISTERED))  # the table's columns: the schemes of the package, by name
+SCHEMES = tuple(sorted(REGISTERED))  # the committed table's columns: the schemes of the package, by name
+
+
+def table_schemes() -> tuple[str, ...]:
+    """The columns of a table built now: every registered scheme, those registered from outside the package
+    (``register_scheme`` after ``import hf_posenc``) included."""
+    return tuple(sorted(REGISTERED))
 
 
 @functools.cache
@@ -64,4 +70,4 @@ def format_table(table: dict[str, Any], markdown: bool = False) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["SCHEMES", "TABLE_PATH", "format_table", "load_table", "verified_types"]
+__all__ = ["SCHEMES", "TABLE_PATH", "format_table", "load_table", "table_schemes", "verified_types"]
