@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib.util
 import os
 from pathlib import Path
@@ -61,8 +62,49 @@ TOKENIZER_FILES = (
 )
 
 
-def _missing_source(path: str) -> FileNotFoundError:
-    return FileNotFoundError(f"{path}: no such directory or file; not a Hub id reachable offline.")
+def _missing_source(path: str, why: str = "not a Hub id reachable offline") -> FileNotFoundError:
+    import difflib
+
+    try:
+        here = [entry.name for entry in os.scandir(os.path.dirname(path) or ".")]
+    except OSError:
+        here = []
+    near = difflib.get_close_matches(os.path.basename(path), here, n=1)
+    hint = f" Did you mean {os.path.join(os.path.dirname(path) or '.', near[0])}?" if near else ""
+    return FileNotFoundError(f"{path}: no such directory or file; {why}.{hint}")
+
+
+def hub_reachable() -> bool:
+    """Whether a Hub id can be fetched now: not in offline mode (HF_HUB_OFFLINE) and the Hub's endpoint accepts a
+    connection. Without this check Transformers retries an unreachable Hub for about a minute before giving up."""
+    from huggingface_hub import constants
+
+    return not constants.HF_HUB_OFFLINE and _endpoint_accepts_connection(constants.ENDPOINT)
+
+
+@functools.cache
+def _endpoint_accepts_connection(endpoint: str, timeout: float = 2.0) -> bool:
+    """A TCP connection to ``endpoint`` within ``timeout`` seconds (tried once per process)."""
+    import socket
+    from urllib.parse import urlparse
+
+    url = urlparse(endpoint)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _cached_on_this_machine(path: str) -> bool:
+    """Whether the Hub id ``path`` has a snapshot in the local Hub cache (loadable without the network)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        return any(repo.repo_id == path for repo in scan_cache_dir().repos)
+    except CacheNotFound:  # no cache directory yet: nothing cached
+        return False
 
 
 def _could_be_hub_id(path: str) -> bool:
@@ -84,6 +126,11 @@ def check_source(path: str | os.PathLike, gguf_file: str | None = None) -> tuple
             raise FileNotFoundError(f"{os.path.join(path, gguf_file)}: no such file.")
     elif not _could_be_hub_id(path):
         raise _missing_source(path)
+    elif not hub_reachable() and not _cached_on_this_machine(path):  # fail now, not after a minute of retries
+        from huggingface_hub import constants
+
+        raise _missing_source(path, "offline mode (HF_HUB_OFFLINE) and no copy of it cached" if constants.HF_HUB_OFFLINE
+                              else "the Hub is not reachable from here and has no copy of it cached")
     return path, gguf_file
 
 

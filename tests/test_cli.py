@@ -247,8 +247,30 @@ def test_a_missing_source_is_named_as_such(tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)  # a Hub-shaped id, offline, not cached
     assert cli(["info", "hf-posenc-tests/no-such-model"]) == 2
     err = capsys.readouterr().err
-    assert f"hf-posenc-tests/no-such-model: {message}" in err and "couldn't connect" not in err
+    assert "hf-posenc-tests/no-such-model: no such directory or file; offline mode (HF_HUB_OFFLINE)" in err
+    assert "couldn't connect" not in err
     assert not (tmp_path / "o").exists()
+
+
+def test_a_folder_typo_fails_at_once_with_the_near_name_when_the_hub_is_unreachable(tmp_path, capsys, monkeypatch):
+    """A folder name mistyped without ./ looks like a Hub id; with the Hub unreachable (and not in offline mode)
+    it used to be retried for about a minute before the message. Now: at once, with the near folder named."""
+    import time
+
+    import huggingface_hub.constants
+
+    from hf_posenc import models
+
+    (tmp_path / "cli-cope").mkdir()
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(models, "_endpoint_accepts_connection", lambda endpoint: False)  # no network
+    start = time.monotonic()
+    assert cli(["info", "cli-cop"]) == 2
+    err = capsys.readouterr().err
+    assert time.monotonic() - start < 5, err
+    assert "cli-cop: no such directory or file; the Hub is not reachable from here" in err, err
+    assert "Did you mean ./cli-cope?" in err, err
 
 
 # -- the command line tells a new user what went wrong -------------------------------------------------------------
