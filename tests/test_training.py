@@ -491,6 +491,66 @@ def test_two_process_run(workspace):
     assert state["global_step"] == 3
 
 
+@pytest.mark.slow
+def test_a_run_on_the_embedded_model_names_it_and_shows_only_what_concerns_the_user(workspace):
+    """`hf-posenc train` on @smollm2 (a GGUF inside this environment), as a newcomer runs it: the adapter (and its
+    checkpoints) name the base `@smollm2`, not the folder it resolves to; its README says to import hf_posenc and
+    patch the base first, in code; and the output holds none of DeepSpeed's "Setting accelerator to CPU", PEFT's
+    "Could not find a config file" (once per save) or datasets' "Downloading data" (16+ local files)."""
+    docs = workspace / "docs"
+    docs.mkdir(exist_ok=True)
+    for i, text in enumerate(_corpus(20, seed=3)):
+        (docs / f"doc{i:02d}.txt").write_text(text)
+    recipe = _recipe(workspace, "smollm2", model={"path": "@smollm2"}, scheme={"clip_low_n": 3},
+                     data={"files": [str(docs / "*.txt")]}, peft={"trainable_embeddings": False},
+                     training={"max_steps": 1, "save_steps": 1, "per_device_train_batch_size": 1})
+    (workspace / "smollm2.yaml").write_text(yaml.safe_dump(recipe))
+    done = subprocess.run(_train_cmd(workspace / "smollm2.yaml"), env=_env(), capture_output=True, timeout=300)
+    output = done.stdout.decode() + done.stderr.decode()
+    assert done.returncode == 0, output[-3000:]
+    for chatter in ("Setting accelerator to CPU", "Could not find a config file", "Downloading data"):
+        assert chatter not in output, output[-3000:]
+
+    adapter = workspace / "smollm2" / "adapter"
+    for saved in (adapter, workspace / "smollm2" / "checkpoint-1"):
+        assert json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"] == "@smollm2"
+    card = (adapter / "README.md").read_text()
+    assert sys.prefix not in card and "More Information Needed" not in card  # not PEFT's boilerplate
+    assert "**Run `import hf_posenc` before loading this adapter**" in card and "| `clip_low_n` | `3` |" in card
+    code = card.split("```python\n", 1)[1].split("```", 1)[0]
+    assert code.startswith("import hf_posenc")
+    assert "base = hf_posenc.patch_model(hf_posenc.load_model(\"@smollm2\"), 'cope', clip_low_n=3)" in code
+    assert f"model = PeftModel.from_pretrained(base, {json.dumps(str(adapter))})" in code
+
+
+def test_what_a_run_quiets_is_only_that_and_only_meanwhile(workspace):
+    """The one DeepSpeed notice is dropped, its other messages are not; datasets' progress bars are back on after
+    the local text files are read."""
+    import logging
+
+    import datasets
+
+    from hf_posenc.training.data import _text_files
+    from hf_posenc.training.trainer import _without_deepspeed_cpu_notice
+
+    seen = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("DeepSpeed")
+    logger.addHandler(handler)
+    try:
+        with _without_deepspeed_cpu_notice():
+            logger.warning("Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to ...")
+            logger.warning("a real warning")
+        logger.warning("Setting accelerator to CPU. (outside a run)")
+    finally:
+        logger.removeHandler(handler)
+    assert seen == ["a real warning", "Setting accelerator to CPU. (outside a run)"]
+    assert not datasets.utils.are_progress_bars_disabled()
+    assert len(_text_files([str(workspace / "short.txt")])) == 1
+    assert not datasets.utils.are_progress_bars_disabled()
+
+
 FSDP2_CPU = """compute_environment: LOCAL_MACHINE
 distributed_type: FSDP
 mixed_precision: "no"

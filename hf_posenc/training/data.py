@@ -20,6 +20,7 @@ them).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 from collections.abc import Iterator
@@ -76,6 +77,28 @@ def _hub_or_disk(section: DataSection) -> datasets.Dataset:
     return _text_column(ds, section.text_field, section.dataset)
 
 
+@contextlib.contextmanager
+def _without_progress_bars():
+    """``datasets``' progress bars off inside (unless already off, or forced on by
+    ``HF_DATASETS_DISABLE_PROGRESS_BARS=0``), as they were after."""
+    if datasets.utils.are_progress_bars_disabled() or datasets.config.HF_DATASETS_DISABLE_PROGRESS_BARS is False:
+        yield
+        return
+    datasets.disable_progress_bars()
+    try:
+        yield
+    finally:
+        datasets.enable_progress_bars()
+
+
+def _text_files(paths: list[str]) -> datasets.Dataset:
+    """Text files, one document each. ``datasets`` "downloads" 16 files or more with a progress bar ("Downloading
+    data: 0/103 files") though they are local: its bars are off meanwhile (then "tokenizing" shows the progress)."""
+    with _without_progress_bars():
+        return datasets.load_dataset("text", data_files=paths, split="train", sample_by="document",
+                                     encoding_errors="replace")
+
+
 def _sources(section: DataSection) -> Iterator[datasets.Dataset]:
     """The corpus in order, one ``text`` column each: data.files as listed (runs of text files, one document a
     file, load together; each JSON file alone, so that errors name it), then data.dataset."""
@@ -83,8 +106,7 @@ def _sources(section: DataSection) -> Iterator[datasets.Dataset]:
         if is_json:
             yield from (_json_file(path, section.text_field) for path in paths)
         else:
-            yield datasets.load_dataset("text", data_files=list(paths), split="train", sample_by="document",
-                                        encoding_errors="replace")
+            yield _text_files(list(paths))
     if section.dataset is not None:
         yield _hub_or_disk(section)
 

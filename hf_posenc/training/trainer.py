@@ -11,7 +11,10 @@ every scheme included; what cannot run that way is refused before any weight loa
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import json
+import logging
 import math
 import os
 import tempfile
@@ -135,7 +138,17 @@ def wrap_peft(recipe: Recipe, model: torch.nn.Module):
                              scheme_modules=p.scheme_modules)
     except ValueError as exc:
         raise RecipeError(f"peft: {exc}") from exc
-    return get_peft_model(model, config)
+    peft_model = get_peft_model(model, config)
+    # PEFT's default save_embedding_layers="auto" saves the embeddings when they are LoRA targets or the vocabulary
+    # was resized, which it finds out on every save from the base's config.json: a GGUF base (@smollm2) has none
+    # ("Could not find a config file ..." each time), a Hub id is a request. hf-posenc train never resizes it.
+    targeted = bool({"embed_tokens", "lm_head"} & set(config.target_modules))  # PEFT's EMBEDDING_LAYER_NAMES
+    peft_model.save_pretrained = functools.partial(peft_model.save_pretrained,
+                                                   save_embedding_layers="auto" if targeted else False)
+    name = base_model_name(recipe)
+    if name is not None:  # the checkpoints' adapter_config.json names it too (PEFT: the folder it was loaded from)
+        peft_model.peft_config["default"].base_model_name_or_path = name
+    return peft_model
 
 
 # -- Liger ------------------------------------------------------------------------------------------------------
@@ -283,18 +296,32 @@ class TrainResult:
     evaluation: Any = None
 
 
-def save_output(model: Any, directory: Path, tokenizer: Any = None, state_dict: dict | None = None) -> None:
-    """Save the trained adapter (with its adapter record, see :mod:`hf_posenc.adapters`) or full model, and the
-    tokenizer, replacing ``directory`` at once: a run killed while saving leaves the previous output intact.
+def base_model_name(recipe: Recipe) -> str | None:
+    """The recipe's base model as its user named it (``model.path``, with ``model.gguf_file``): what a saved
+    adapter's ``adapter_config.json`` names (``@smollm2`` stays ``@smollm2``, not the folder it resolves to);
+    ``None`` for a model built from ``model.config``."""
+    m = recipe.model
+    if m.path is None:
+        return None
+    path = os.path.expanduser(m.path)
+    return os.path.join(path, m.gguf_file) if m.gguf_file else path
+
+
+def save_output(model: Any, directory: Path, tokenizer: Any = None, state_dict: dict | None = None,
+                base_name: str | None = None) -> None:
+    """Save the trained adapter (with its adapter record and model card, see :func:`hf_posenc.adapters.save_adapter`)
+    or full model, and the tokenizer, replacing ``directory`` at once: a run killed while saving leaves the previous
+    output intact.
 
     ``state_dict``: the gathered full state dict of a sharded run (FSDP2, ZeRO-3), whose own ``state_dict()``
-    holds one rank's pieces. An adapter missing any trainable weight is refused (the previous output stays)."""
+    holds one rank's pieces. An adapter missing any trainable weight is refused (the previous output stays).
+    ``base_name``: the base model as the adapter's config names it (:func:`base_model_name`)."""
     from ..adapters import save_adapter
     from ..io_atomic import atomic_dir
 
     with atomic_dir(directory, overwrite=True) as tmp:  # the run owns its output.dir (a resumed run saves again)
         if hasattr(model, "peft_config") and hasattr(model, "get_base_model"):
-            save_adapter(model, tmp, state_dict=state_dict)
+            save_adapter(model, tmp, state_dict=state_dict, base_name=base_name, name=str(directory))
             check_adapter_complete(model, tmp)
         else:
             model.save_pretrained(tmp, state_dict=state_dict)
@@ -405,8 +432,38 @@ def check_writable(out: Path) -> None:
                           "or fix its permissions.") from exc
 
 
+class _DropMessages(logging.Filter):
+    """Drops the log records whose message starts with one of ``prefixes``."""
+
+    def __init__(self, *prefixes: str):
+        super().__init__()
+        self.prefixes = prefixes
+
+    def filter(self, record: logging.LogRecord) -> bool:  # noqa: D102
+        return not record.getMessage().startswith(self.prefixes)
+
+
+@contextlib.contextmanager
+def _without_deepspeed_cpu_notice():
+    """Without DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to
+    detect it." (a warning its import logs on a machine without CUDA: accelerate and Transformers import it when it
+    is installed, whether or not the run uses it); every other DeepSpeed message stays."""
+    logger = logging.getLogger("DeepSpeed")  # deepspeed.utils.logging's logger, before or after its import
+    quiet = _DropMessages("Setting accelerator to CPU.")
+    logger.addFilter(quiet)
+    try:
+        yield
+    finally:
+        logger.removeFilter(quiet)
+
+
 def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     """Run ``recipe`` (already validated); ``resume`` continues from the newest checkpoint in ``output.dir``."""
+    with _without_deepspeed_cpu_notice():
+        return _run_training(recipe, resume)
+
+
+def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
     from ..patching import patch_model
 
     out = Path(recipe.output.dir)
@@ -468,7 +525,7 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
     save_tokenizer = tokenizer if recipe.output.save_tokenizer else None
     if trainer.accelerator.is_main_process:
         final.config.use_cache = True
-        save_output(final, model_dir, save_tokenizer, state_dict=state)
+        save_output(final, model_dir, save_tokenizer, state_dict=state, base_name=base_model_name(recipe))
     trainer.accelerator.wait_for_everyone()
     if sharded and trainer.accelerator.is_main_process:  # the main process goes on with an unsharded copy
         from transformers.integrations.deepspeed import unset_hf_deepspeed_config
