@@ -25,7 +25,9 @@ from hf_posenc.diagnostics.frequency_usage import usage_from_tensors
 from hf_posenc.diagnostics.perturbation import offset_positions, transpose_tokens
 from hf_posenc.diagnostics.positional_heads import find_heads, high_frequency_share, streamed_scores
 from hf_posenc.diagnostics.rope_math import causal_attention_rows, fake_distance_logits, pair_logits, rotate
-from hf_posenc.diagnostics.semantic_decay import empirical_gap_reference
+from hf_posenc.diagnostics.semantic_decay import (
+    clipped_frequency_sets, clipping_comparison, default_clip_low_n, empirical_gap_reference, smoothed_closed_form_gap,
+)
 
 
 @pytest.fixture(scope="module")
@@ -261,6 +263,94 @@ def test_semantic_decay_reads_model_frequencies(tmp_path):
         semantic_decay({"bad": torch.tensor([float("nan")])})
 
 
+def _rope(base: float, n: int) -> torch.Tensor:
+    return base ** (-torch.arange(n, dtype=torch.float64) / n)
+
+
+def test_clipped_closed_forms_follow_the_paper():
+    """CoPE paper eq. 6 (Thm 3.2) on the frequencies of eq. 10 (CoPE) and of HardClip: equal at Δt = 0, and different
+    from RoPE only through the clipped terms, each of which is written out here from the paper's formulas."""
+    n, sigma = 32, 0.8
+    theta = _rope(1e5, n)  # SmolLM2-135M: θ_base = 1e5, head dim 64
+    c = default_clip_low_n(n)
+    assert c == 10  # the paper's 20 of 64, scaled
+    sets = clipped_frequency_sets(theta)
+    j = torch.arange(n - c, n, dtype=torch.float64)
+    w = 0.5 * (1 + torch.cos(math.pi * (j - (n - c)) / (c - 1)))  # eq. 10, index form: w = 1 at the onset, 0 at the end
+    torch.testing.assert_close(sets["CoPE"][n - c :], theta[n - c :] * w)
+    assert (sets["HardClip"][n - c :] == 0).all()
+    for label in ("HardClip", "CoPE"):
+        assert torch.equal(sets[label][: n - c], theta[: n - c])
+    d = torch.tensor([0, 1, 7, 1000, 9000, 40000])
+    gap = {label: closed_form_gap(f, d, sigma) for label, f in sets.items()}
+    for label in sets:
+        assert gap[label][0] == pytest.approx(2 * sigma**2 * n)  # every cosine is 1 at Δt = 0
+    for k, dt in enumerate(d.double().tolist()):
+        removed = sum(math.cos(dt * t) for t in theta[n - c :].tolist())
+        tapered = sum(math.cos(dt * t) for t in (theta[n - c :] * w).tolist())
+        assert gap["HardClip"][k] - gap["RoPE"][k] == pytest.approx(2 * sigma**2 * (c - removed), abs=1e-9)
+        assert gap["CoPE"][k] - gap["RoPE"][k] == pytest.approx(2 * sigma**2 * (tapered - removed), abs=1e-9)
+    assert gap["RoPE"][3] < 0.5 * gap["RoPE"][0]  # Thm 3.2: the gap decays with Δt
+
+
+def test_clipped_sets_are_the_patched_models_frequencies():
+    import copy
+
+    import hf_posenc
+
+    model = tiny_model("llama")
+    theta = layer_frequencies(model, 0)[0]
+    sets = clipped_frequency_sets(theta)
+    for scheme, label in (("cope", "CoPE"), ("hardclip", "HardClip")):
+        patched = hf_posenc.patch_model(copy.deepcopy(model), scheme)
+        torch.testing.assert_close(layer_frequencies(patched, 0)[0], sets[label], rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("base, n", [(1e5, 32), (5e5, 64), (1e4, 64), (1e7, 64)])
+def test_hard_clipping_rings_and_soft_clipping_does_not(base, n):
+    """CoPE paper Thm 4.1 / Fig. 4 on real head sizes: over three periods of the cut, HardClip − RoPE oscillates
+    and CoPE − RoPE rises monotonically (SmolLM2, Llama-3's 5e5, the paper's ABF 1e7)."""
+    theta = _rope(base, n)
+    cmp = clipping_comparison(theta)
+    c = cmp.clip_low_n
+    assert cmp.cut_frequency == theta[n - c].item()  # the fastest frequency HardClip zeroes
+    assert cmp.cut_period == pytest.approx(2 * math.pi / theta[n - c].item())
+    assert cmp.distances[-1] == pytest.approx(3 * cmp.cut_period, abs=1)
+    assert cmp.differences["HardClip"][0] == 0 and cmp.differences["CoPE"][0] == 0
+    assert cmp.ringing["HardClip"] > 0.05 and cmp.ringing["CoPE"] < 0.005
+    hard = torch.tensor(cmp.differences["HardClip"])
+    assert 0.4 * c / n < hard[len(hard) // 2 :].mean() < 1.2 * c / n  # the clipped terms' cosines average out
+    with pytest.raises(ValueError, match="already clipped"):
+        clipping_comparison(torch.cat([theta[:-1], torch.zeros(1)]))
+
+
+def test_smoothing_is_the_gaussian_moving_average():
+    theta = _rope(1e4, 16)
+    d, s = torch.tensor([0, 40, 333]), 12.0
+    u = torch.arange(-8 * s, 8 * s + 1e-9, 0.02, dtype=torch.float64)
+    g = torch.exp(-0.5 * (u / s) ** 2)
+    g = g / g.sum()
+    numeric = torch.stack([(closed_form_gap(theta, dt + u) * g).sum() for dt in d.double()])
+    torch.testing.assert_close(smoothed_closed_form_gap(theta, d, s), numeric, rtol=1e-6, atol=1e-6)
+    raw = torch.stack([(empirical_gap(theta, dt + u, samples=300, seed=2) * g).sum() for dt in d.double()])
+    torch.testing.assert_close(empirical_gap(theta, d, samples=300, seed=2, smooth=s), raw, rtol=1e-6, atol=1e-6)
+    res = semantic_decay({"rope": theta, "clipped": theta * (theta > 0.01)}, max_distance=400, points=64, samples=64,
+                         smooth=s)
+    assert set(res.clipping) == {"rope"}  # a set with zero frequencies is already clipped
+    assert res.smoothed["rope"][0] == pytest.approx(float(numeric[0]) / 32, rel=1e-6)  # normalised by 2σ²·n
+
+
+def test_semantic_decay_plot_with_and_without_clipping(tmp_path):
+    theta = _rope(1e4, 16)
+    with_rope = semantic_decay({"model": theta}, max_distance=300, points=64, samples=64, name="rope")
+    clipped = semantic_decay({"model": theta * (theta > 0.01)}, max_distance=300, points=64, samples=64, name="hard")
+    assert set(with_rope.clipping) == {"model"} and not clipped.clipping
+    json.loads(with_rope.to_json())
+    for results, name in (({"rope": with_rope, "hard": clipped}, "both"), (clipped, "alone")):
+        assert plot_semantic_decay(results, tmp_path / f"{name}.png") == str(tmp_path / f"{name}.png")
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+
+
 # -- 6. perturbation -------------------------------------------------------------------------------------------------
 def test_perturbation_fraction_zero_is_plain_perplexity(llama, tmp_path):
     ids = _ids(48)
@@ -329,6 +419,43 @@ def test_cli_writes_json_and_png_for_two_models(llama, tmp_path):
         run_diagnose(bad)
     with pytest.raises(SystemExit):
         parser.parse_args(["m", "--text", "t", "--out", "o", "--analyses", "nonsense"])
+
+
+def test_cli_summary_names_every_file_written(llama, tmp_path, capsys):
+    """All six analyses on a tiny model: summary.md sits beside their files, names each one, and is printed."""
+    from hf_posenc.diagnostics.cli import ANALYSES, add_diagnose_arguments, run_diagnose
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {f"w{i}": i for i in range(128)}
+    vocab["[UNK]"] = 0
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    llama.save_pretrained(tmp_path / "m")
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / "m")
+    text = tmp_path / "t.txt"
+    text.write_text(" ".join(f"w{(7 * i) % 120 + 3}" for i in range(80)))
+    out = tmp_path / "out"
+    args = add_diagnose_arguments(argparse.ArgumentParser()).parse_args([
+        f"tiny={tmp_path / 'm'}", "--text", str(text), "--out", str(out), "--samples", "64", "--length", "24",
+        "--trials", "1", "--fractions", "0.1", "--max-distances", "3", "--no-progress",
+    ])
+    assert run_diagnose(args) == 0
+    summary = (out / "summary.md").read_text()
+    written = sorted(p.name for p in out.iterdir() if p.name != "summary.md")
+    assert written == sorted(f"{a}.{ext}" for a in ANALYSES for ext in ("json", "png"))
+    for name in written:
+        assert f"`{name}`" in summary
+    for analysis in ANALYSES:
+        assert f"**{analysis}**" in summary
+    bias = json.loads((out / "distance_bias.json").read_text())["tiny"]
+    assert f"μ {bias['pooled_mean']:.3g}, σ {bias['pooled_std']:.3g}" in summary
+    decay = json.loads((out / "semantic_decay.json").read_text())["tiny"]
+    assert f"HardClip − RoPE {decay['clipping']['model']['ringing']['HardClip']:.3f}" in summary
+    printed = capsys.readouterr().out
+    assert str(out / "summary.md") in printed
+    for line in summary.splitlines()[2:]:
+        assert line in printed
 
 
 def test_offset_positions_are_not_read_as_packed_documents(llama):

@@ -7,7 +7,8 @@ Each analysis returns a result dataclass (``to_dict``/``to_json``/``save_json``)
 * :func:`positional_heads` — diagonal / previous-token heads and high-frequency use, Barbero et al. §5.
 * :func:`disentanglement` — W′(d, j) ≈ a_d + b_j (eq. 3–4) and the 3-axis fit (eq. 2), position-generalization §3.
 * :func:`distance_bias` — Attn(short) − Attn(long) histogram, TAPA Appendix I.
-* :func:`semantic_decay` — 2σ²Σcos(Δt·θ_i) and its empirical gap, CoPE Theorem 3.2 eq. 6 (ringing: Fig. 4).
+* :func:`semantic_decay` — 2σ²Σcos(Δt·θ_i) and its empirical gap, CoPE Theorem 3.2 eq. 6; with
+  :func:`clipping_comparison`, RoPE vs HardClip vs CoPE on the same frequencies (the ringing of Thm 4.1, Fig. 4).
 * :func:`perturbation_tolerance` — perplexity under token transposition / position offsets, position-generalization §4.1.
 """
 
@@ -21,9 +22,10 @@ from .frequency_usage import FrequencyUsageResult, frequency_usage, plot_frequen
 from .perturbation import PerturbationResult, perplexity, perturbation_tolerance, plot_perturbation
 from .positional_heads import PositionalHead, PositionalHeadsResult, plot_positional_heads, positional_heads, score_attention_maps
 from .semantic_decay import (
-    SemanticDecayResult, closed_form_gap, empirical_gap, model_frequency_sets, plot_semantic_decay, ringing_index,
-    semantic_decay,
+    ClippingComparison, SemanticDecayResult, clipped_frequency_sets, clipping_comparison, closed_form_gap,
+    empirical_gap, model_frequency_sets, plot_semantic_decay, ringing_index, semantic_decay, smoothed_closed_form_gap,
 )
+from .summary import summary_lines, write_summary
 
 __all__ = [
     "QKVCapture", "capture_window", "layer_frequencies",
@@ -33,6 +35,8 @@ __all__ = [
     "three_axis_correlation", "plot_disentanglement",
     "DistanceBiasResult", "distance_bias", "scaled_ranges", "plot_distance_bias",
     "SemanticDecayResult", "semantic_decay", "closed_form_gap", "empirical_gap", "ringing_index",
-    "model_frequency_sets", "plot_semantic_decay",
+    "model_frequency_sets", "plot_semantic_decay", "smoothed_closed_form_gap", "clipped_frequency_sets",
+    "clipping_comparison", "ClippingComparison",
+    "summary_lines", "write_summary",
     "PerturbationResult", "perturbation_tolerance", "perplexity", "plot_perturbation",
 ]

@@ -2,7 +2,8 @@
 
 Runs the chosen analyses on every model (``path`` or ``name=path``; GGUF through ``--gguf-file``, loaded
 dequantized) and writes, per analysis, ``DIR/<analysis>.json`` (``{model name: result}``) and
-``DIR/<analysis>.png`` (all models side by side or overlaid).
+``DIR/<analysis>.png`` (all models side by side or overlaid), then ``DIR/summary.md``: the number that matters from
+each analysis, per model, with the files that hold the rest (also printed at the end).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 from ..models import parse_model_specs
 from ..results_io import dumps
+from .summary import write_summary
 
 ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
 
@@ -121,7 +123,8 @@ def _run_model(model: Any, ids: Any, name: str, args: argparse.Namespace) -> dic
 
 
 def write_outputs(results: dict[str, dict[str, Any]], out_dir: str) -> list[str]:
-    """``results[analysis][model] = result`` -> ``out_dir/<analysis>.json`` and ``.png``; returns the paths."""
+    """``results[analysis][model] = result`` -> ``out_dir/<analysis>.json`` and ``.png``; returns the paths (the
+    summary is :func:`hf_posenc.diagnostics.summary.write_summary`)."""
     from .. import diagnostics  # every analysis has its plot_<analysis>
 
     os.makedirs(out_dir, exist_ok=True)
@@ -161,7 +164,11 @@ def run_diagnose(args: argparse.Namespace) -> int:
         for analysis, result in per_analysis.items():
             results.setdefault(analysis, {})[name] = result
         del model
-    for path in write_outputs(results, args.out):
+    written = write_outputs(results, args.out)
+    summary, lines = write_summary(results, args.out, written)
+    for path in [*written, summary]:
         print(path)
+    print(f"\nsummary ({summary}):")
+    print("\n".join(lines))
     return 0
 
