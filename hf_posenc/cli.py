@@ -225,10 +225,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("export", help="write a patched checkpoint for stock Transformers (no plugin needed)")
     _add_source(p)
     _add_output(p)
-    p.add_argument("--gguf", metavar="QUANT", help="write OUTPUT as a GGUF file for llama.cpp instead: f32, f16, q8_0 "
-                   "or q4_k_m (Llama-architecture frequency schemes)")
+    p.add_argument("--gguf", metavar="QUANT", help="write OUTPUT as a GGUF file for llama.cpp instead: f32, f16, "
+                   "bf16, q8_0 (llama.cpp's converter alone: scripts/serving/setup_llamacpp.sh --converter, seconds) "
+                   "or q4_k_m (also its quantizer: the full setup, minutes); Llama-architecture frequency schemes")
     p.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source directory holding convert_hf_to_gguf.py "
-                   "(default: $HF_POSENC_LLAMA_CPP)")
+                   "(default: $HF_POSENC_LLAMA_CPP, else where the setup script unpacks it)")
     p.add_argument("--tokenizer", metavar="DIR_OR_HUB_ID",
                    help="the tokenizer to write with the model (default: SOURCE's; a GGUF file needs one)")
     p.set_defaults(func=cmd_export)
@@ -274,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
         subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.func(args)
-    except (ValueError, TypeError, FileNotFoundError, OSError) as exc:
+    except (ValueError, TypeError, FileNotFoundError, OSError, ImportError) as exc:  # ImportError: names the install
         print(f"hf-posenc {args.command}: error: {exc}", file=sys.stderr)
         return 2
 

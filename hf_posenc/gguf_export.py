@@ -19,18 +19,22 @@ Steps (nothing is written to ``path`` unless all succeed):
    families whose llama.cpp architecture does not read ``rope_freqs``), before anything is written;
 2. stage the model as a plain Transformers checkpoint with the default rope type and the model's base;
 3. convert it with llama.cpp's own converter (``convert_hf_to_gguf.py``: tensor names, q/k layout, tokenizer and its
-   pre-tokenizer) to f32, f16 or Q8_0;
+   pre-tokenizer) to f32, f16, bf16 or Q8_0;
 4. copy that file through the ``gguf`` package's writer, adding ``rope_freqs.weight``, the attention factor and the
    scheme record (``hf_posenc.scheme``);
-5. for Q4_K_M, run llama.cpp's quantizer (``llama_model_quantize`` from ``llama-cpp-python``) on the f16 file.
+5. for Q4_K_M, run llama.cpp's quantizer (``llama_model_quantize`` from ``llama-cpp-python``) on the f16 file, its
+   per-tensor log captured (one summary line instead; the log's tail in the error if it fails).
 
 The converter is a script in llama.cpp's source tree (also vendored in ``llama-cpp-python``'s source distribution),
-not part of any installed package: pass its directory as ``llama_cpp=`` or set ``HF_POSENC_LLAMA_CPP``
-(``scripts/serving/setup_llamacpp.sh`` unpacks it to ``build/llama-cpp-python/llama.cpp``).
+not part of any installed package. ``bash scripts/serving/setup_llamacpp.sh --converter`` unpacks it (seconds, nothing
+compiled) to ``build/llama-cpp-python/llama.cpp`` in the checkout, where export finds it; elsewhere pass its directory
+as ``llama_cpp=`` (``--llama-cpp DIR``) or set ``HF_POSENC_LLAMA_CPP``. f32/f16/bf16/Q8_0 need nothing else; Q4_K_M
+also needs the bindings, which the script's default mode builds (several minutes).
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib.util
 import json
@@ -38,6 +42,7 @@ import os
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -59,8 +64,16 @@ NO_ROPE_FREQS = {
 # Rope types whose frequencies do not depend on the sequence length.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "proportional", "cope", "hardclip")
 # quantization -> the converter's --outtype (Q4_K_M: the f16 file, then llama.cpp's quantizer)
-QUANTIZATIONS = {"f32": "f32", "f16": "f16", "q8_0": "q8_0", "q4_k_m": "f16"}
+QUANTIZATIONS = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_k_m": "f16"}
+# the types llama.cpp's quantizer (llama-cpp-python's bindings) makes -> its llama_ftype constant
+QUANTIZER_FTYPES = {"q4_k_m": "LLAMA_FTYPE_MOSTLY_Q4_K_M"}
 LLAMA_CPP_ENV = "HF_POSENC_LLAMA_CPP"
+# where scripts/serving/setup_llamacpp.sh unpacks the converter, in the checkout hf_posenc is installed from
+DEFAULT_LLAMA_CPP = Path(__file__).resolve().parents[1] / "build" / "llama-cpp-python" / "llama.cpp"
+SETUP_SCRIPT = "scripts/serving/setup_llamacpp.sh"
+CONVERTER_SETUP = f"bash {SETUP_SCRIPT} --converter"
+FULL_SETUP = f"bash {SETUP_SCRIPT}"
+QUANTIZER_LOG_TAIL = 25  # lines of the quantizer's log an error shows
 SCHEME_KEY = "hf_posenc.scheme"
 ROPE_FREQS = "rope_freqs.weight"
 
@@ -119,25 +132,42 @@ def gguf_rope_parameters(model_or_config: Any) -> tuple[torch.Tensor, float, flo
 
 
 def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
-    """llama.cpp's ``convert_hf_to_gguf.py`` in ``llama_cpp`` (or ``$HF_POSENC_LLAMA_CPP``), checked for use."""
+    """llama.cpp's ``convert_hf_to_gguf.py`` in ``llama_cpp``, else ``$HF_POSENC_LLAMA_CPP``, else where
+    ``setup_llamacpp.sh --converter`` unpacks it (``DEFAULT_LLAMA_CPP``), checked for use."""
     where = llama_cpp if llama_cpp is not None else os.environ.get(LLAMA_CPP_ENV)
     if where is None:
-        raise FileNotFoundError(
-            "export_gguf needs llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/ "
-            f"folders): pass llama_cpp=DIR (command line: --llama-cpp DIR), a llama.cpp checkout, or set "
-            f"{LLAMA_CPP_ENV}=DIR; "
-            "scripts/serving/setup_llamacpp.sh unpacks one to build/llama-cpp-python/llama.cpp."
-        )
+        if (DEFAULT_LLAMA_CPP / "convert_hf_to_gguf.py").is_file():
+            where = DEFAULT_LLAMA_CPP
+        else:
+            raise FileNotFoundError(
+                "export_gguf needs llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/ "
+                f"folders), which is not in {DEFAULT_LLAMA_CPP}. Get it in seconds (nothing is compiled; f32, f16, "
+                f"bf16 and q8_0 need nothing else): {CONVERTER_SETUP} (in the hf-posenc checkout). Or use a llama.cpp "
+                f"source directory: --llama-cpp DIR (Python: llama_cpp=DIR) or {LLAMA_CPP_ENV}=DIR."
+            )
     script = Path(where).expanduser() / "convert_hf_to_gguf.py"
     if not script.is_file():
-        raise FileNotFoundError(f"{script} does not exist; llama_cpp (--llama-cpp) / {LLAMA_CPP_ENV} must name a "
-                                "llama.cpp source directory (the one holding convert_hf_to_gguf.py).")
+        raise FileNotFoundError(f"{script} does not exist; --llama-cpp DIR (llama_cpp=) / {LLAMA_CPP_ENV} must name "
+                                "a llama.cpp source directory (the one holding convert_hf_to_gguf.py); "
+                                f"{CONVERTER_SETUP} unpacks one to {DEFAULT_LLAMA_CPP}.")
     if importlib.util.find_spec("sentencepiece") is None:
         raise ModuleNotFoundError(
             "llama.cpp's converter imports sentencepiece for every Llama model (even BPE ones); install it: "
-            "pip install sentencepiece"
+            f"pip install sentencepiece (or run {CONVERTER_SETUP})"
         )
     return script
+
+
+def check_quantizer(quantization: str) -> None:
+    """For a type llama.cpp's quantizer makes (Q4_K_M), a ``ModuleNotFoundError`` naming the setup when its bindings
+    (``llama-cpp-python``) are not installed; the converter's own types need nothing."""
+    if quantization in QUANTIZER_FTYPES and importlib.util.find_spec("llama_cpp") is None:
+        raise ModuleNotFoundError(
+            f"quantization={quantization!r} runs llama.cpp's quantizer, which comes with llama-cpp-python (not "
+            f"installed). {FULL_SETUP} builds it from source: several minutes (6 to 14 on 2 cores), and it also "
+            "unpacks the converter. Or export f16, bf16 or q8_0, which need only llama.cpp's converter "
+            f"({CONVERTER_SETUP}, seconds)."
+        )
 
 
 def _stage_checkpoint(model: Any, tokenizer: Any, theta: float, directory: str) -> None:
@@ -191,20 +221,86 @@ def add_rope_freqs(src: str | os.PathLike, dst: str | os.PathLike, factors: torc
     writer.close()
 
 
-def _quantize_q4_k_m(src: str, dst: str) -> None:
+def _flush_c_stdio() -> None:
+    """Flush the C library's stdio buffers (what C code printf'd but has not written to the file descriptors yet)."""
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).fflush(None)
+
+
+@contextlib.contextmanager
+def captured_output(log: str | os.PathLike):
+    """Everything written to stdout/stderr in the block, C code's included, appended to the file ``log``.
+
+    llama.cpp prints from C to file descriptors 1 and 2 (and llama-cpp-python's log callback to Python's
+    ``sys.stderr``), which ``contextlib.redirect_stdout`` alone does not catch: both descriptors are pointed at
+    ``log`` for the block, Python's streams too, and everything is restored afterwards, also when the block raises.
+    """
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    _flush_c_stdio()
+    text = open(log, "a", buffering=1, encoding="utf-8", errors="replace")  # O_APPEND: shares the file with fds 1/2
+    saved: dict[int, int] = {}
     try:
-        import llama_cpp
-    except ImportError as e:
-        raise ModuleNotFoundError(
-            "quantization='q4_k_m' runs llama.cpp's quantizer through llama-cpp-python, which is not installed; "
-            "run scripts/serving/setup_llamacpp.sh (or pip install llama-cpp-python), or export f16/q8_0."
-        ) from e
+        for fd in (1, 2):
+            with contextlib.suppress(OSError):  # a closed descriptor is left alone
+                saved[fd] = os.dup(fd)
+                os.dup2(text.fileno(), fd)
+        with contextlib.redirect_stdout(text), contextlib.redirect_stderr(text):
+            yield
+    finally:
+        _flush_c_stdio()
+        text.flush()
+        for fd, copy in saved.items():
+            os.dup2(copy, fd)
+            os.close(copy)
+        text.close()
+
+
+def _log_tail(log: str, lines: int = QUANTIZER_LOG_TAIL) -> str:
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            text = f.read().rstrip()
+    except OSError:
+        text = ""
+    return "\n".join(text.splitlines()[-lines:]) or "(nothing)"
+
+
+def _mib(path: str) -> str:
+    return f"{os.path.getsize(path) / 2**20:.1f} MiB"
+
+
+def quantize(src: str, dst: str, quantization: str = "q4_k_m") -> str:
+    """Run llama.cpp's quantizer on the GGUF file ``src``, writing ``dst``; returns a one-line summary (sizes, type).
+
+    Its log (several lines per tensor) is captured in a file beside ``dst`` and deleted afterwards; a failure raises
+    a ``RuntimeError`` ending with the log's last lines.
+    """
+    check_quantizer(quantization)
+    import llama_cpp
+
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M
+    params.ftype = getattr(llama_cpp, QUANTIZER_FTYPES[quantization])
     params.nthread = os.cpu_count() or 1
-    status = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
-    if status != 0 or not os.path.exists(dst):
-        raise RuntimeError(f"llama.cpp's quantizer failed on {src} (status {status}).")
+    log = f"{dst}.log"
+    start = time.perf_counter()
+    try:
+        error: Exception | None = None
+        status = None
+        try:
+            with captured_output(log):
+                status = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
+        except Exception as e:  # noqa: BLE001  (re-raised below with the log)
+            error = e
+        if error is not None or status != 0 or not os.path.exists(dst):
+            why = f"{type(error).__name__}: {error}" if error is not None else f"status {status}"
+            raise RuntimeError(f"llama.cpp's quantizer failed on {src} ({why}); the end of its log:\n"
+                               + _log_tail(log)) from error
+    finally:
+        with contextlib.suppress(OSError):
+            os.remove(log)
+    return (f"llama.cpp's quantizer: {_mib(src)} ({QUANTIZATIONS[quantization]}) -> {_mib(dst)} "
+            f"({quantization.upper()}) in {time.perf_counter() - start:.1f} s")
 
 
 def export_gguf(
@@ -221,10 +317,11 @@ def export_gguf(
     Args:
         model: a Llama-architecture model patched with CoPE, HardClip, p-RoPE or a RoPE baseline (static rope types).
         path: the ``.gguf`` file to write (replaced only when the whole export succeeds).
-        quantization: ``"f32"``, ``"f16"``, ``"q8_0"`` (llama.cpp's converter) or ``"q4_k_m"`` (llama.cpp's
-            quantizer, through ``llama-cpp-python``).
+        quantization: ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"`` (llama.cpp's converter alone) or ``"q4_k_m"``
+            (then llama.cpp's quantizer, through ``llama-cpp-python``; prints a one-line summary to stderr).
         tokenizer: the model's tokenizer (required: the GGUF file carries the vocabulary).
-        llama_cpp: a llama.cpp source directory holding ``convert_hf_to_gguf.py`` (default ``$HF_POSENC_LLAMA_CPP``).
+        llama_cpp: a llama.cpp source directory holding ``convert_hf_to_gguf.py`` (default ``$HF_POSENC_LLAMA_CPP``,
+            else ``build/llama-cpp-python/llama.cpp`` where ``setup_llamacpp.sh --converter`` unpacks it).
         overwrite: replace an existing file at ``path`` (refused otherwise).
     """
     check_patchable(model)
@@ -235,6 +332,7 @@ def export_gguf(
     if tokenizer is None:
         raise _refuse("a GGUF file carries the vocabulary: pass tokenizer= (e.g. AutoTokenizer.from_pretrained(...); "
                       "command line: --tokenizer DIR_OR_HUB_ID).")
+    check_quantizer(quantization)
     script = find_converter(llama_cpp)
     path = Path(path)
     if path.is_dir():
@@ -250,9 +348,11 @@ def export_gguf(
         _run_converter(script, checkpoint, converted, QUANTIZATIONS[quantization], path.stem)
         with_freqs = os.path.join(tmp, "rope_freqs.gguf")
         add_rope_freqs(converted, with_freqs, factors, attention_factor, record.to_dict())
-        final = with_freqs
-        if quantization == "q4_k_m":
-            final = os.path.join(tmp, "q4_k_m.gguf")
-            _quantize_q4_k_m(with_freqs, final)
+        final, summary = with_freqs, None
+        if quantization in QUANTIZER_FTYPES:
+            final = os.path.join(tmp, f"{quantization}.gguf")
+            summary = quantize(with_freqs, final, quantization)
         os.replace(final, path)
+    if summary:
+        print(summary, file=sys.stderr)
     return path

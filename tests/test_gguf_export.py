@@ -6,6 +6,9 @@ import importlib.util
 import json
 import math
 import os
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import gguf
@@ -14,12 +17,15 @@ import pytest
 import torch
 
 import hf_posenc
+from hf_posenc import gguf_export
 from hf_posenc.gguf_export import ROPE_FREQS, SCHEME_KEY, add_rope_freqs, export_gguf, gguf_rope_parameters
 from hf_posenc.schemes.cope import STOCK_INF_FACTOR, taper_factors
 from tiny import tiny_model
 
-CONVERTER = Path(__file__).resolve().parents[1] / "build" / "llama-cpp-python" / "llama.cpp"
-SETUP = "run scripts/serving/setup_llamacpp.sh (unpacks llama.cpp's converter and installs sentencepiece)"
+ROOT = Path(__file__).resolve().parents[1]
+CONVERTER = ROOT / "build" / "llama-cpp-python" / "llama.cpp"
+SETUP = "run bash scripts/serving/setup_llamacpp.sh --converter (unpacks llama.cpp's converter, installs sentencepiece)"
+CONVERTER_SETUP = "bash scripts/serving/setup_llamacpp.sh --converter"
 
 SCHEMES = [
     ("rope", {}),
@@ -143,11 +149,27 @@ def test_what_llama_cpp_cannot_express_is_refused_before_anything_is_written(tmp
 
 def test_a_missing_converter_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_POSENC_LLAMA_CPP", raising=False)
+    monkeypatch.setattr(gguf_export, "DEFAULT_LLAMA_CPP", tmp_path / "not-unpacked")  # as before the setup ran
     model = hf_posenc.patch_model(tiny_model("llama"), "cope")
-    with pytest.raises(FileNotFoundError, match="setup_llamacpp.sh"):
+    with pytest.raises(FileNotFoundError) as missing:
         export_gguf(model, tmp_path / "out.gguf", tokenizer=object())
-    with pytest.raises(FileNotFoundError, match="convert_hf_to_gguf.py does not exist"):
+    message = str(missing.value)
+    # the command that gets it in seconds, the command line's flag and the environment variable
+    assert CONVERTER_SETUP in message and "--llama-cpp DIR" in message and "HF_POSENC_LLAMA_CPP=DIR" in message
+    with pytest.raises(FileNotFoundError, match="convert_hf_to_gguf.py does not exist.*--converter"):
         export_gguf(model, tmp_path / "out.gguf", tokenizer=object(), llama_cpp=tmp_path)
+    assert os.listdir(tmp_path) == []
+
+
+def test_a_quantised_type_without_llama_cpps_bindings_names_the_full_setup(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # llama-cpp-python not installed
+    monkeypatch.setattr(gguf_export, "DEFAULT_LLAMA_CPP", tmp_path / "not-unpacked")
+    model = hf_posenc.patch_model(tiny_model("llama"), "cope")
+    with pytest.raises(ModuleNotFoundError) as missing:  # before the converter is looked for or anything is written
+        export_gguf(model, tmp_path / "out.gguf", "q4_k_m", tokenizer=object())
+    message = str(missing.value)
+    assert "bash scripts/serving/setup_llamacpp.sh builds it" in message and "several minutes" in message
+    assert CONVERTER_SETUP in message  # and what the other types need
     assert os.listdir(tmp_path) == []
 
 
@@ -205,6 +227,94 @@ def test_q8_0_export_quantizes_the_matrices_and_keeps_rope_freqs_f32(tmp_path, s
     assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.Q8_0
     assert tensors[ROPE_FREQS].tensor_type == gguf.GGMLQuantizationType.F32
     assert np.asarray(tensors[ROPE_FREQS].data)[-2:].tolist() == [np.float32(STOCK_INF_FACTOR)] * 2
+
+
+@needs_converter
+@pytest.mark.parametrize("quantization, tensor_type", [("f16", gguf.GGMLQuantizationType.F16)])
+def test_the_unpacked_converter_alone_exports_f16(tmp_path, smollm2_tokenizer, monkeypatch, quantization, tensor_type):
+    """What ``setup_llamacpp.sh --converter`` leaves is found with no flag or variable, and needs no bindings (bf16
+    and q8_0 are the converter's own output types too: the same path)."""
+    assert gguf_export.DEFAULT_LLAMA_CPP == CONVERTER  # where the script unpacks it
+    monkeypatch.delenv("HF_POSENC_LLAMA_CPP", raising=False)
+    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # llama-cpp-python (the bindings) not installed
+    model = tiny_llama_with_vocab(smollm2_tokenizer, "cope", clip_low_n=3)
+    path = export_gguf(model, tmp_path / "m.gguf", quantization, tokenizer=smollm2_tokenizer)
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert tensors["blk.0.attn_q.weight"].tensor_type == tensor_type
+    assert tensors[ROPE_FREQS].tensor_type == gguf.GGMLQuantizationType.F32
+    assert np.array_equal(np.asarray(tensors[ROPE_FREQS].data), gguf_rope_parameters(model)[0].numpy())
+
+
+def _sdist():
+    return next(iter(sorted((CONVERTER.parent).glob("llama_cpp_python-*.tar.gz"))), None)
+
+
+@pytest.mark.skipif(_sdist() is None or importlib.util.find_spec("sentencepiece") is None,
+                    reason="llama-cpp-python's source is not cached or sentencepiece is not installed: run bash "
+                           "scripts/serving/setup_llamacpp.sh --converter")
+def test_the_converter_setup_unpacks_it_without_building_the_bindings(tmp_path):
+    """``setup_llamacpp.sh --converter`` in a fresh checkout (the source already downloaded): seconds, no build."""
+    sdist = _sdist()
+    script = tmp_path / "scripts" / "serving" / "setup_llamacpp.sh"
+    script.parent.mkdir(parents=True)
+    script.write_bytes((ROOT / "scripts" / "serving" / "setup_llamacpp.sh").read_bytes())
+    cache = tmp_path / "build" / "llama-cpp-python"
+    cache.mkdir(parents=True)
+    (cache / sdist.name).symlink_to(sdist)
+    version = sdist.name.removeprefix("llama_cpp_python-").removesuffix(".tar.gz")
+    env = dict(os.environ, HF_POSENC_VENV=sys.prefix, LLAMA_CPP_PYTHON_VERSION=version)
+    run = subprocess.Popen(["bash", str(script), "--converter"], env=env, stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        output, _ = run.communicate(timeout=120)
+    except subprocess.TimeoutExpired:  # compiling the bindings (what --converter must not do)
+        os.killpg(run.pid, signal.SIGKILL)
+        run.communicate()
+        pytest.fail("setup_llamacpp.sh --converter did not finish in 2 minutes (building llama-cpp-python?)")
+    assert run.returncode == 0, output
+    unpacked = cache / "llama.cpp"
+    assert (unpacked / "convert_hf_to_gguf.py").is_file() and (unpacked / "conversion").is_dir()
+    assert (unpacked / "gguf-py" / "gguf").is_dir()
+    assert not list(cache.glob("*.whl")) and "--llama-cpp" in output
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama.cpp's quantizer is not installed: run bash scripts/serving/setup_llamacpp.sh")
+@needs_converter
+def test_q4_k_m_export_prints_one_line_instead_of_the_quantizers_log(tmp_path, smollm2_tokenizer, capfd):
+    model = tiny_llama_with_vocab(smollm2_tokenizer, "cope", clip_low_n=3)
+    capfd.readouterr()
+    path = export_gguf(model, tmp_path / "m.gguf", "q4_k_m", tokenizer=smollm2_tokenizer, llama_cpp=CONVERTER)
+    out, err = capfd.readouterr()  # file descriptors 1 and 2: what llama.cpp's C code prints included
+    summary = [line for line in err.splitlines() if line.startswith("llama.cpp's quantizer: ")]
+    # besides the summary only Transformers' progress bar for the staged checkpoint (one line on a terminal)
+    others = [line for line in err.splitlines() if line.strip() and line not in summary
+              and not line.lstrip("\r").startswith("Writing model shards")]
+    assert out == "" and len(summary) == 1 and others == [], err[-3000:]
+    assert "MiB (f16) -> " in summary[0] and "MiB (Q4_K_M)" in summary[0]
+    assert os.listdir(tmp_path) == ["m.gguf"]
+    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
+    assert tensors[ROPE_FREQS].tensor_type == gguf.GGMLQuantizationType.F32
+    assert tensors["blk.0.attn_q.weight"].tensor_type not in (gguf.GGMLQuantizationType.F16,
+                                                              gguf.GGMLQuantizationType.F32)
+
+
+@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
+                    reason="llama.cpp's quantizer is not installed: run bash scripts/serving/setup_llamacpp.sh")
+def test_a_failing_quantizer_raises_with_its_logs_tail_and_restores_the_output(tmp_path, capfd):
+    from hf_posenc.gguf_export import quantize
+
+    (tmp_path / "bad.gguf").write_bytes(b"not a GGUF file" * 100)
+    capfd.readouterr()
+    with pytest.raises(RuntimeError, match=r"(?s)quantizer failed on .*bad\.gguf.*the end of its log:\n.*\S") as e:
+        quantize(str(tmp_path / "bad.gguf"), str(tmp_path / "q.gguf"))
+    assert "failed to quantize" in str(e.value)  # llama.cpp's own reason, from the captured log
+    print("python after")
+    os.write(1, b"fd 1 after\n")
+    os.write(2, b"fd 2 after\n")
+    out, err = capfd.readouterr()  # nothing leaked while captured, and both descriptors are back
+    assert out == "python after\nfd 1 after\n" and err == "fd 2 after\n"
+    assert os.listdir(tmp_path) == ["bad.gguf"]  # the log is not left behind
 
 
 @needs_converter

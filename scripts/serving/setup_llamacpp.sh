@@ -1,17 +1,33 @@
 #!/usr/bin/env bash
-# llama.cpp for the GGUF export and its checks, from llama-cpp-python's source distribution (which vendors llama.cpp):
-#   * llama-cpp-python (llama.cpp's Python bindings, built from source) into the project's .venv: the engine that
-#     tests/test_serving_llamacpp.py and scripts/serving/llamacpp_compare.py run the exported files in, and
-#     llama.cpp's quantizer (Q4_K_M);
-#   * llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/ folders), unpacked to
-#     build/llama-cpp-python/llama.cpp: what hf_posenc.export_gguf runs (set HF_POSENC_LLAMA_CPP to that folder);
-#   * sentencepiece, which the converter imports for every Llama model, and diskcache, which llama_cpp imports.
+# llama.cpp for the GGUF export and its checks, from llama-cpp-python's source distribution (which vendors llama.cpp).
+#
+#   bash scripts/serving/setup_llamacpp.sh --converter   # seconds: what `export --gguf f32|f16|bf16|q8_0` needs
+#   bash scripts/serving/setup_llamacpp.sh               # several minutes: also the bindings (Q4_K_M, serving tests)
+#
+# --converter: llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/ folders), unpacked to
+#   build/llama-cpp-python/llama.cpp, where hf_posenc.export_gguf finds it (elsewhere: --llama-cpp DIR or
+#   HF_POSENC_LLAMA_CPP=DIR), and sentencepiece, which the converter imports for every Llama model (its other imports,
+#   torch, transformers, numpy, safetensors, pyyaml, requests, tqdm, come with the project's environment). The
+#   converter writes f32, f16, bf16 and Q8_0 files itself; nothing is compiled.
+# Default (CI, tests/test_serving_llamacpp.py, scripts/serving/llamacpp_compare.py): the converter as above, plus
+#   llama-cpp-python (llama.cpp's Python bindings, built from source) into the project's .venv: the engine the
+#   serving checks run the exported files in, and llama.cpp's quantizer (Q4_K_M); and diskcache, which llama_cpp
+#   imports.
 #
 # Portable CPU flags: the default native build picks up AVX-512/AMX where the CPU has them and segfaults on the first
 # evaluation on such machines, so ggml is built for AVX2/FMA/F16C without -march=native. The source and the wheel
-# are cached under build/llama-cpp-python/ (the build takes about 5 minutes on 2 cores); scripts/setup.sh rebuilds
+# are cached under build/llama-cpp-python/ (the build takes 6 to 14 minutes on 2 cores); scripts/setup.sh rebuilds
 # .venv when the lock changes, after which this script reinstalls the cached wheel in seconds. Idempotent.
 set -euo pipefail
+usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; }
+MODE=full
+for arg in "$@"; do
+  case "$arg" in
+    --converter) MODE=converter ;;
+    -h|--help) usage; exit 0 ;;
+    *) echo "setup_llamacpp: unknown argument $arg" >&2; usage >&2; exit 2 ;;
+  esac
+done
 cd "$(dirname "$0")/../.."
 VENV="${HF_POSENC_VENV:-.venv}"
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
@@ -28,6 +44,7 @@ quiet() { "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }
 mkdir -p "$CACHE"
 sdist="$CACHE/llama_cpp_python-$VERSION.tar.gz"
 if [ ! -f "$sdist" ]; then
+  echo "setup_llamacpp: downloading llama-cpp-python $VERSION's source (77 MB)" >&2
   quiet "${PIP[@]}" download --no-deps --no-binary :all: "llama-cpp-python==$VERSION" -d "$CACHE"
 fi
 if [ ! -f "$CONVERTER/.version" ] || [ "$(cat "$CONVERTER/.version")" != "$VERSION" ]; then
@@ -39,16 +56,45 @@ if [ ! -f "$CONVERTER/.version" ] || [ "$(cat "$CONVERTER/.version")" != "$VERSI
   rm -rf "$CACHE/unpack"
   echo "$VERSION" > "$CONVERTER/.version"
 fi
+converter_ready() {
+  echo "llama.cpp converter: $CONVERTER (export --gguf finds it there; elsewhere pass --llama-cpp $PWD/$CONVERTER" \
+       "or set HF_POSENC_LLAMA_CPP=$PWD/$CONVERTER)"
+}
+if [ "$MODE" = converter ]; then
+  if ! "$PY" -c "import sentencepiece" 2>/dev/null; then
+    quiet "${PIP[@]}" install --no-deps sentencepiece==0.2.3
+  fi
+  "$PY" -c "import sentencepiece, torch, transformers, numpy, safetensors, yaml, requests, tqdm" || {
+    echo "setup_llamacpp: $VENV lacks a module llama.cpp's converter imports (above); run scripts/setup.sh" >&2
+    exit 1
+  }
+  converter_ready
+  echo "ready for --gguf f32, f16, bf16 and q8_0; q4_k_m also needs llama.cpp's quantizer:" \
+       "bash scripts/serving/setup_llamacpp.sh (builds llama-cpp-python, several minutes)"
+  exit 0
+fi
 wheel="$(ls "$CACHE"/llama_cpp_python-"$VERSION"-*.whl 2>/dev/null | head -1 || true)"
 if [ -z "$wheel" ]; then
-  echo "setup_llamacpp: building llama-cpp-python $VERSION from source (about 5 minutes on 2 cores)" >&2
+  echo "setup_llamacpp: building llama-cpp-python $VERSION from source (6 to 14 minutes on 2 cores; f32/f16/bf16/q8_0" \
+       "export needs only --converter, seconds)" >&2
+  start=$SECONDS
+  # a line a minute, so a long compile is not taken for a hang (sleep's output goes nowhere: an orphaned sleep must
+  # not hold a caller's pipe open)
+  ( while sleep 60 </dev/null >/dev/null 2>&1; do
+      echo "setup_llamacpp: still compiling llama.cpp ($(( (SECONDS - start) / 60 )) min)" >&2
+    done ) &
+  ticker=$!
+  trap 'kill "$ticker" 2>/dev/null || true' EXIT
   CMAKE_ARGS="$FLAGS" CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-2}" \
     quiet "${PIP[@]}" wheel --no-deps "$sdist" -w "$CACHE"
+  kill "$ticker" 2>/dev/null || true
+  trap - EXIT
   wheel="$(ls "$CACHE"/llama_cpp_python-"$VERSION"-*.whl | head -1)"
+  echo "setup_llamacpp: built $(basename "$wheel") in $(( (SECONDS - start) / 60 )) min" >&2
 fi
 if ! "$PY" -c "import llama_cpp, sentencepiece, diskcache, sys; sys.exit(llama_cpp.__version__ != '$VERSION')" 2>/dev/null; then
   quiet "${PIP[@]}" install --no-deps diskcache==5.6.3 sentencepiece==0.2.3
   quiet "${PIP[@]}" install --no-deps --force-reinstall "$wheel"
 fi
 "$PY" -c "import llama_cpp, sentencepiece; print('llama-cpp-python', llama_cpp.__version__)"
-echo "llama.cpp converter: $CONVERTER (export HF_POSENC_LLAMA_CPP=$PWD/$CONVERTER)"
+converter_ready
