@@ -353,6 +353,12 @@ def test_context_extension_toy_end_to_end(austen, tmp_path):
             assert 0.0 <= p["exact"] <= 1.0 and 0.0 <= p["digits"] <= 1.0 and p["prompts"] == 1
     assert data["passkey"][BASE_LABEL][str(config.passkey_lengths[0])]["digits"] == \
         data["runs"][0]["passkey"][str(config.passkey_lengths[0])]["digits"]
+    # The smoke size learns little (its base sits near the byte floor), so the schemes score alike to 3 decimals;
+    # an applied scheme still moves the score (a scheme silently not applied would reproduce RoPE's bit for bit,
+    # same seed and data): PI rescales every position, TAPA replaces the score.
+    nll = {r["label"]: r["perplexity"][str(config.eval_lengths[-1])]["nll"] for r in data["runs"]}
+    for label in ("PI", "TAPA"):
+        assert abs(nll[label] - nll["RoPE"]) > 1e-6, (label, nll)
     markdown = (out / "results.md").read_text()
     assert "Passkey retrieval" in markdown and "| TAPE |" in markdown
     assert (out / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
