@@ -606,3 +606,22 @@ def test_docs_quote_the_committed_intervals():
     quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]", docs)
     assert len(quoted) >= 10
     assert [q for q in quoted if q not in reports] == []
+
+
+def test_a_missing_text_is_installed_on_first_use_in_a_source_checkout(tmp_path, monkeypatch, capsys):
+    """The experiments install Jane Austen's novels themselves where they are missing (the install script of the
+    checkout, here a stand-in that unpacks a placeholder); a failing install names the script and apt-get."""
+    from hf_posenc.experiments import corpus
+
+    monkeypatch.setenv("HF_POSENC_DATA", str(tmp_path / "data"))
+    monkeypatch.setattr(corpus, "_RDATA", Path("pkg/Rdata"))
+    script = tmp_path / "install.sh"
+    script.write_text(f'mkdir -p "$HF_POSENC_DATA/{corpus.DEBIAN_PACKAGE}/pkg" && touch '
+                      f'"$HF_POSENC_DATA/{corpus.DEBIAN_PACKAGE}/pkg/Rdata.rdb"\n')
+    monkeypatch.setattr(corpus, "INSTALL_SCRIPT", script)
+    assert corpus.ensure_janeaustenr() == tmp_path / "data" / corpus.DEBIAN_PACKAGE / "pkg" / "Rdata"
+    assert "is not installed: running scripts/data/install_austen.sh" in capsys.readouterr().err
+    monkeypatch.setenv("HF_POSENC_DATA", str(tmp_path / "other"))
+    script.write_text("echo no network >&2; exit 1\n")
+    with pytest.raises(FileNotFoundError, match="installing r-cran-janeaustenr failed .*no network.*apt-get install"):
+        corpus.ensure_janeaustenr()

@@ -44,11 +44,34 @@ def find_janeaustenr() -> Path:
     )
 
 
+INSTALL_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "data" / "install_austen.sh"  # source checkout
+
+
+def ensure_janeaustenr() -> Path:
+    """:func:`find_janeaustenr`, installing the novels first where they are missing and this is a source checkout
+    (the README's editable install): ``scripts/data/install_austen.sh``, seconds; elsewhere the error names it."""
+    import subprocess
+    import sys
+
+    try:
+        return find_janeaustenr()
+    except FileNotFoundError:
+        if not INSTALL_SCRIPT.is_file():
+            raise
+    print(f"the experiments' text ({DEBIAN_PACKAGE}) is not installed: running scripts/data/install_austen.sh "
+          "(downloads the Debian package and unpacks it, no R needed)", file=sys.stderr)
+    done = subprocess.run(["bash", str(INSTALL_SCRIPT)], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise FileNotFoundError(f"installing {DEBIAN_PACKAGE} failed ({done.stderr.strip()[-500:]}); run `bash "
+                                f"{INSTALL_SCRIPT}` yourself, or `apt-get install {DEBIAN_PACKAGE}`.")
+    return find_janeaustenr()
+
+
 def load_austen() -> dict[str, str]:
     """The six novels as ``name -> text`` (the package's lines joined by newlines)."""
     from .rdata import read_lazyload
 
-    objects = read_lazyload(find_janeaustenr())
+    objects = read_lazyload(ensure_janeaustenr())
     missing = [n for n in NOVELS if n not in objects]
     if missing:
         raise ValueError(f"{DEBIAN_PACKAGE} lacks {missing}; found {sorted(objects)}")
