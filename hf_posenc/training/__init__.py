@@ -6,13 +6,25 @@ adapter (and a merged checkpoint) and evaluates. See :mod:`.trainer` for which s
 parallelism.
 """
 
-from .config import Recipe, RecipeError, load_recipe, validate_recipe
-from .data import build_dataset, collate, pack_concat, pack_restart, read_documents
-from .loss import chunked_linear_cross_entropy, full_linear_cross_entropy
-from .trainer import TrainResult, context_length_notes, load_trained, run_training
+from __future__ import annotations
 
-__all__ = [
-    "Recipe", "RecipeError", "load_recipe", "validate_recipe", "build_dataset", "collate", "pack_concat",
-    "pack_restart", "read_documents", "chunked_linear_cross_entropy", "full_linear_cross_entropy", "TrainResult",
-    "context_length_notes", "load_trained", "run_training",
-]
+import importlib
+from typing import Any
+
+# name -> the submodule defining it, imported on first use: `hf-posenc`'s parser imports .cli, which must not pull in
+# datasets, accelerate and the Trainer (not installed in the demo's environment, and seconds to import)
+_EXPORTS = {
+    "Recipe": "config", "RecipeError": "config", "load_recipe": "config", "validate_recipe": "config",
+    "build_dataset": "data", "collate": "data", "pack_concat": "data", "pack_restart": "data",
+    "read_documents": "data", "chunked_linear_cross_entropy": "loss", "full_linear_cross_entropy": "loss",
+    "TrainResult": "trainer", "context_length_notes": "trainer", "load_trained": "trainer", "run_training": "trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = list(_EXPORTS)
