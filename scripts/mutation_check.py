@@ -394,8 +394,8 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "sharded-run-saves-one-ranks-partitions", "hf_posenc/training/trainer.py",
-        "save_output(final, model_dir, save_tokenizer, state_dict=state)",
-        "save_output(final, model_dir, save_tokenizer, state_dict=None)",
+        "save_output(final, model_dir, save_tokenizer, state_dict=state,",
+        "save_output(final, model_dir, save_tokenizer, state_dict=None,",
         ("tests/test_distributed.py::test_deepspeed_zero3_matches_one_process[tape]",),
         "a ZeRO-3 run saves the gathered state dict: every LoRA and TAPE weight whole",
     ),
