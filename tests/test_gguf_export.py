@@ -229,22 +229,6 @@ def test_q8_0_export_quantizes_the_matrices_and_keeps_rope_freqs_f32(tmp_path, s
     assert np.asarray(tensors[ROPE_FREQS].data)[-2:].tolist() == [np.float32(STOCK_INF_FACTOR)] * 2
 
 
-@needs_converter
-@pytest.mark.parametrize("quantization, tensor_type", [("f16", gguf.GGMLQuantizationType.F16)])
-def test_the_unpacked_converter_alone_exports_f16(tmp_path, smollm2_tokenizer, monkeypatch, quantization, tensor_type):
-    """What ``setup_llamacpp.sh --converter`` leaves is found with no flag or variable, and needs no bindings (bf16
-    and q8_0 are the converter's own output types too: the same path)."""
-    assert gguf_export.DEFAULT_LLAMA_CPP == CONVERTER  # where the script unpacks it
-    monkeypatch.delenv("HF_POSENC_LLAMA_CPP", raising=False)
-    monkeypatch.setitem(sys.modules, "llama_cpp", None)  # llama-cpp-python (the bindings) not installed
-    model = tiny_llama_with_vocab(smollm2_tokenizer, "cope", clip_low_n=3)
-    path = export_gguf(model, tmp_path / "m.gguf", quantization, tokenizer=smollm2_tokenizer)
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
-    assert tensors["blk.0.attn_q.weight"].tensor_type == tensor_type
-    assert tensors[ROPE_FREQS].tensor_type == gguf.GGMLQuantizationType.F32
-    assert np.array_equal(np.asarray(tensors[ROPE_FREQS].data), gguf_rope_parameters(model)[0].numpy())
-
-
 def _sdist():
     return next(iter(sorted((CONVERTER.parent).glob("llama_cpp_python-*.tar.gz"))), None)
 
@@ -276,27 +260,6 @@ def test_the_converter_setup_unpacks_it_without_building_the_bindings(tmp_path):
     assert (unpacked / "convert_hf_to_gguf.py").is_file() and (unpacked / "conversion").is_dir()
     assert (unpacked / "gguf-py" / "gguf").is_dir()
     assert not list(cache.glob("*.whl")) and "--llama-cpp" in output
-
-
-@pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
-                    reason="llama.cpp's quantizer is not installed: run bash scripts/serving/setup_llamacpp.sh")
-@needs_converter
-def test_q4_k_m_export_prints_one_line_instead_of_the_quantizers_log(tmp_path, smollm2_tokenizer, capfd):
-    model = tiny_llama_with_vocab(smollm2_tokenizer, "cope", clip_low_n=3)
-    capfd.readouterr()
-    path = export_gguf(model, tmp_path / "m.gguf", "q4_k_m", tokenizer=smollm2_tokenizer, llama_cpp=CONVERTER)
-    out, err = capfd.readouterr()  # file descriptors 1 and 2: what llama.cpp's C code prints included
-    summary = [line for line in err.splitlines() if line.startswith("llama.cpp's quantizer: ")]
-    # besides the summary only Transformers' progress bar for the staged checkpoint (one line on a terminal)
-    others = [line for line in err.splitlines() if line.strip() and line not in summary
-              and not line.lstrip("\r").startswith("Writing model shards")]
-    assert out == "" and len(summary) == 1 and others == [], err[-3000:]
-    assert "MiB (f16) -> " in summary[0] and "MiB (Q4_K_M)" in summary[0]
-    assert os.listdir(tmp_path) == ["m.gguf"]
-    tensors = {t.name: t for t in gguf.GGUFReader(path).tensors}
-    assert tensors[ROPE_FREQS].tensor_type == gguf.GGMLQuantizationType.F32
-    assert tensors["blk.0.attn_q.weight"].tensor_type not in (gguf.GGMLQuantizationType.F16,
-                                                              gguf.GGMLQuantizationType.F32)
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,

@@ -70,19 +70,37 @@ QUANTIZED = {"f16": (0.99, 0.01), "q8_0": (0.93, 0.12), "q4_k_m": (0.80, 0.40)}
 
 
 @pytest.mark.slow
-def test_smollm2_quantized_exports_keep_the_scheme_and_the_predictions(tmp_path):
+def test_smollm2_quantized_exports_keep_the_scheme_and_the_predictions(tmp_path, monkeypatch, capfd):
+    """Also: f16 needs only the converter ``setup_llamacpp.sh --converter`` unpacks (found with no flag or variable,
+    llama.cpp's bindings out of reach), and Q4_K_M prints one summary line instead of the quantizer's log."""
     import gguf
     import numpy as np
 
+    from hf_posenc import gguf_export
     from hf_posenc.gguf_export import ROPE_FREQS, gguf_rope_parameters
     from hf_posenc.models import load_smollm2
 
+    assert gguf_export.DEFAULT_LLAMA_CPP == CONVERTER  # where the setup script unpacks it
+    monkeypatch.delenv("HF_POSENC_LLAMA_CPP", raising=False)
     model, tokenizer = load_smollm2(dtype=torch.float32)
     hf_posenc.patch_model(model, "cope")
     prompts = prompt_windows(tokenizer, count=2, length=300)
     reference = model_outputs(model, prompts, 1)
     for quant, (min_agreement, max_mean_delta) in QUANTIZED.items():
-        path = export_gguf(model, tmp_path / f"{quant}.gguf", quant, tokenizer=tokenizer, llama_cpp=CONVERTER)
+        capfd.readouterr()
+        if quant == "f16":
+            with monkeypatch.context() as without_bindings:
+                without_bindings.setitem(sys.modules, "llama_cpp", None)
+                path = export_gguf(model, tmp_path / f"{quant}.gguf", quant, tokenizer=tokenizer)
+        else:
+            path = export_gguf(model, tmp_path / f"{quant}.gguf", quant, tokenizer=tokenizer, llama_cpp=CONVERTER)
+        out, err = capfd.readouterr()  # file descriptors 1 and 2: what llama.cpp's C code prints included
+        if quant == "q4_k_m":
+            summary = [line for line in err.splitlines() if line.startswith("llama.cpp's quantizer: ")]
+            others = [line for line in err.splitlines() if line.strip() and line not in summary
+                      and not line.lstrip("\r").startswith("Writing model shards")]
+            assert out == "" and len(summary) == 1 and others == [], err[-3000:]
+            assert "MiB (f16) -> " in summary[0] and "MiB (Q4_K_M)" in summary[0]
         freqs = next(t for t in gguf.GGUFReader(path).tensors if t.name == ROPE_FREQS)
         assert np.array_equal(np.asarray(freqs.data), gguf_rope_parameters(model)[0].numpy()), quant  # kept, F32
         got = compare(reference, llamacpp_outputs(path, prompts, 1))
