@@ -4,7 +4,10 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh || exit 1
-"${HF_POSENC_VENV:-.venv}/bin/python" -m pytest -q -ra -p no:cacheprovider "$@"
+# Two workers (pytest-xdist), each taking whole test files (module fixtures stay shared): on 2 cores the suite's
+# many single-threaded tests and waits on subprocesses leave a core idle otherwise. HF_POSENC_TEST_WORKERS=0: serial.
+WORKERS="${HF_POSENC_TEST_WORKERS:-2}"
+"${HF_POSENC_VENV:-.venv}/bin/python" -m pytest -q -ra -p no:cacheprovider -n "$WORKERS" --dist loadfile "$@"
 rc=$?
 if [ "$rc" -eq 5 ]; then
   echo "pytest collected no tests (exit 5): treating as failure, the suite must not be empty" >&2
