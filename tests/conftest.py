@@ -14,3 +14,15 @@ if not torch.cuda.is_available():
 # The suite builds many small models with flex_attention; each shape is one more compilation.
 torch._dynamo.config.recompile_limit = 256
 torch._dynamo.config.accumulated_recompile_limit = 4096
+
+
+# The longest test files (minutes each on 2 cores) first: scripts/test.sh hands whole files to two pytest-xdist
+# workers in collection order, and one of these collected last would run alone at the end while the other worker
+# idles. Order inside each file is kept; the files' own order does not matter to any test.
+LONGEST_FIRST = ("test_distributed.py", "test_serving_vllm.py", "test_experiments.py", "test_families.py",
+                 "test_serving_llamacpp.py", "test_sequence_parallel.py", "test_training.py", "test_compile_lane.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files and tests keep their order
