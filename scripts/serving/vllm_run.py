@@ -71,16 +71,24 @@ def main(jobs_path: str, out_path: str) -> None:
         spec = json.load(f)
     max_tokens = spec["max_tokens"]
     results = {"versions": versions(), "jobs": {}}
-    for job in spec["jobs"]:
-        vllm_results, load_s, run_s = vllm_outputs(job["path"], job["prompts"], max_tokens,
-                                                   spec.get("max_model_len", 2048))
+    by_path: dict[str, list[dict]] = {}
+    for job in spec["jobs"]:  # one engine per checkpoint: jobs on the same one share it (an engine start is ~25 s)
+        by_path.setdefault(job["path"], []).append(job)
+    for path, jobs in by_path.items():
+        prompts = [p for job in jobs for p in job["prompts"]]
+        vllm_results, load_s, run_s = vllm_outputs(path, prompts, max_tokens, spec.get("max_model_len", 2048))
         start = time.perf_counter()
-        stock = transformers_outputs(job["path"], job["prompts"], max_tokens)
-        results["jobs"][job["name"]] = {
-            "vllm": vllm_results, "stock_transformers": stock,
-            "seconds": {"vllm_load": load_s, "vllm_generate": run_s, "stock_transformers": time.perf_counter() - start},
-        }
-        print(f"vllm_run: {job['name']} done (load {load_s:.1f}s, generate {run_s:.1f}s)", file=sys.stderr, flush=True)
+        stock = transformers_outputs(path, prompts, max_tokens)
+        stock_s = time.perf_counter() - start
+        for job in jobs:
+            n = len(job["prompts"])
+            results["jobs"][job["name"]] = {
+                "vllm": vllm_results[:n], "stock_transformers": stock[:n],
+                "seconds": {"vllm_load": load_s, "vllm_generate": run_s, "stock_transformers": stock_s},
+            }
+            vllm_results, stock = vllm_results[n:], stock[n:]
+        print(f"vllm_run: {', '.join(j['name'] for j in jobs)} done (load {load_s:.1f}s, generate {run_s:.1f}s)",
+              file=sys.stderr, flush=True)
     with open(out_path, "w") as f:
         json.dump(results, f)
 
