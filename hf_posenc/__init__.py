@@ -20,13 +20,14 @@ from .schemes import (
 
 on_register(register_with_transformers)  # every scheme's rope types and attention, and those registered later
 
-from .patches import FAMILIES  # noqa: E402  (registers the patched model types)
+from .families import FAMILIES  # noqa: E402  (registers the patched model types)
 from .patching import get_scheme, patch_model  # noqa: E402
 from .export import export_stock  # noqa: E402
 from .gguf_export import export_gguf  # noqa: E402
 from .hub import push_to_hub  # noqa: E402
 from .models import load_model  # noqa: E402
 from . import remote_code  # noqa: E402,F401  (registers the remote-code writer of save_pretrained)
+from . import _moved_modules  # noqa: E402  (old module names kept for one release)
 
 __version__ = LIBRARY_VERSION
 
@@ -38,6 +39,13 @@ def __getattr__(name: str):
         warnings.warn("hf_posenc.ADAPTERS is now hf_posenc.FAMILIES (the model families hf-posenc patches); the old "
                       "name will be removed", FutureWarning, stacklevel=2)
         return FAMILIES
+    if f"{__name__}.{name}" in _moved_modules.MOVED:  # hf_posenc.patches, hf_posenc.layers until 0.x
+        import importlib
+        import warnings
+
+        old = f"{__name__}.{name}"
+        warnings.warn(_moved_modules.message(old), FutureWarning, stacklevel=2)
+        return importlib.import_module(_moved_modules.MOVED[old])
     raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")
 
 

@@ -9,7 +9,8 @@ scheme, or the same scheme with other options, loads without a word and gives wr
 * :func:`save_adapter` saves an adapter with its **adapter record** (``hf_posenc_adapter.json``: the base's whole
   scheme record, as in its ``config.json``), written by :func:`write_adapter_record` and read by
   :func:`read_adapter_record` and nothing else, its base named as a user loads it (:func:`adapter_base_name`), and
-  a model card that says how to load it. Training (``hf-posenc train``) and publishing use it.
+  a model card that says how to load it. Training (``hf-posenc train``) and publishing use it;
+  :func:`describe_adapter` is its part after PEFT's save, which training also runs on every ``checkpoint-N``.
 * :func:`check_adapter_base` compares that record with the base's (scheme, options, model type and the rope
   parameters before patching) and refuses a mismatch, naming both records and the fix.
 * :func:`guard_peft_loading` (run by ``import hf_posenc``) makes every way of loading an adapter run that check
@@ -35,6 +36,7 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
+from .io_atomic import atomic_write_text
 from .patching import scheme_record
 
 ADAPTER_RECORD = "hf_posenc_adapter.json"
@@ -118,11 +120,11 @@ class AdapterRecord:
 
 
 def write_adapter_record(directory: str | os.PathLike, base: Any) -> Path:
-    """Write ``directory/hf_posenc_adapter.json`` for an adapter trained on ``base`` (a model or its config)."""
+    """Write ``directory/hf_posenc_adapter.json`` for an adapter trained on ``base`` (a model or its config), at
+    once (:func:`hf_posenc.io_atomic.atomic_write_text`)."""
     record = scheme_record(base)
-    path = Path(directory) / ADAPTER_RECORD
-    path.write_text(json.dumps({"hf_posenc": None if record is None else record.to_dict()}, indent=2) + "\n")
-    return path
+    return atomic_write_text(Path(directory) / ADAPTER_RECORD,
+                             json.dumps({"hf_posenc": None if record is None else record.to_dict()}, indent=2) + "\n")
 
 
 def read_adapter_record(model_id: str | os.PathLike, **hub: Any) -> AdapterRecord | None:
@@ -198,23 +200,35 @@ def save_adapter(peft_model: Any, path: str | os.PathLike, *, base_name: str | N
     ``PeftModel.from_pretrained`` onto a base patched the same way, in code. ``name``: how the card refers to the
     adapter's folder (default ``path``; a caller that saves into a temporary folder first names the final one)."""
     path = Path(path)
-    base = peft_model.get_base_model()
     peft_model.save_pretrained(path, **kwargs)
+    if kwargs.get("is_main_process", True):  # the other processes of a distributed save write nothing
+        describe_adapter(peft_model, path, base_name=base_name, name=name,
+                         selected_adapters=kwargs.get("selected_adapters"))
+    return path
+
+
+def describe_adapter(peft_model: Any, path: str | os.PathLike, *, base_name: str | None = None,
+                     name: str | None = None, selected_adapters: Sequence[str] | None = None) -> Path:
+    """What :func:`save_adapter` adds to the folder ``peft_model.save_pretrained`` wrote (``path``; also a
+    Trainer's ``checkpoint-N``, see :class:`hf_posenc.training.trainer.PosEncTrainer`): the adapter record, the
+    base named in each ``adapter_config.json`` (``base_name``, by default :func:`adapter_base_name`) and, for a
+    patched base, the model card in place of PEFT's boilerplate README.md (``name``: how it refers to the folder).
+    Each file is replaced at once (:func:`hf_posenc.io_atomic.atomic_write_text`)."""
+    path = Path(path)
+    base = peft_model.get_base_model()
     write_adapter_record(path, base)
-    if not kwargs.get("is_main_process", True):
-        return path
     base_name = adapter_base_name(base) if base_name is None else base_name
-    for adapter in kwargs.get("selected_adapters") or list(peft_model.peft_config):
+    for adapter in selected_adapters or list(peft_model.peft_config):
         config_path = (path if adapter == "default" else path / adapter) / "adapter_config.json"  # PEFT's layout
         config = json.loads(config_path.read_text())
         config["base_model_name_or_path"] = base_name
-        config_path.write_text(json.dumps(config, indent=2, sort_keys=True))  # as PeftConfig.save_pretrained
+        atomic_write_text(config_path, json.dumps(config, indent=2, sort_keys=True))  # as PeftConfig.save_pretrained
     record = scheme_record(base)
     if record is not None:
         from .hub import model_card
 
         card = model_card(str(name or path), record, kind="adapter", base_model=base_name, local=True)
-        (path / "README.md").write_text(card)
+        atomic_write_text(path / "README.md", card)
     return path
 
 

@@ -1,4 +1,8 @@
-"""The ``hf-posenc`` command line: info, patch, export, demo, train, eval, diagnose."""
+"""The ``hf-posenc`` commands: what each subcommand does once its arguments parsed.
+
+The arguments themselves live in :mod:`hf_posenc_cli.arguments` (no torch), so help and argument errors answer at
+once; :func:`run_command` runs a parsed command here.
+"""
 
 from __future__ import annotations
 
@@ -6,46 +10,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any
-
-from .upstream import parser_has_subcommands, parser_option_strings, subcommand_parser
-
-
-class _Parser(argparse.ArgumentParser):
-    """An ArgumentParser (the top one and, through ``add_subparsers``, every subcommand's) whose errors name each
-    unknown ``--option`` among the arguments it parsed, with the closest option it does take."""
-
-    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:
-        self._seen_args = list(sys.argv[1:] if args is None else args)
-        return super().parse_known_args(args, namespace)
-
-    def _unknown_options(self) -> list[str]:
-        """The ``--options`` among the parsed arguments that this parser does not take (nor abbreviates); a parser
-        with subcommands looks only before the subcommand, whose parser checks the rest."""
-        known = [s for s in parser_option_strings(self) if s.startswith("--")]
-        unknown = []
-        for arg in getattr(self, "_seen_args", []):
-            if arg == "--" or (parser_has_subcommands(self) and not arg.startswith("-")):
-                break
-            name = arg.split("=", 1)[0]
-            if not name.startswith("--") or name in known:
-                continue
-            if self.allow_abbrev and any(s.startswith(name) for s in known):
-                continue
-            unknown.append(name)
-        return list(dict.fromkeys(unknown))
-
-    def error(self, message: str) -> Any:  # exits 2, with this parser's usage
-        import difflib
-
-        known = [s for s in parser_option_strings(self) if s.startswith("--")]
-        notes = []
-        for name in self._unknown_options():
-            close = difflib.get_close_matches(name, known, n=1)
-            notes.append(f"unknown option {name}" + (f" (did you mean {close[0]}?)" if close else ""))
-        if notes:  # "unrecognized arguments: --lenghts 64" says no more than the notes; anything else follows them
-            message = "; ".join(notes) + ("" if message.startswith("unrecognized arguments") else f"; {message}")
-        super().error(message)
+from typing import Any, Callable
 
 
 def _parse_options(pairs: list[str]) -> dict[str, Any]:
@@ -57,18 +22,6 @@ def _parse_options(pairs: list[str]) -> dict[str, Any]:
         return parse_key_values(pairs)
     except ValueError as exc:
         raise SystemExit(f"hf-posenc: {exc}") from exc
-
-
-def _add_source(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("source", help="model directory, Hub id, or a .gguf file")
-    parser.add_argument("--gguf-file", help="GGUF file name inside SOURCE (loaded dequantized)")
-
-
-def _add_output(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("output", help="output directory (must not be SOURCE or lie inside it)")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace OUTPUT if it exists and is not empty (its current contents are deleted)")
-    parser.add_argument("--no-tokenizer", action="store_true", help="do not copy the tokenizer")
 
 
 def _source_tokenizer(args: argparse.Namespace) -> Any:
@@ -177,7 +130,7 @@ def cmd_families(args: argparse.Namespace) -> int:
     from the checks ``tests/test_families.py`` runs), or only the rows of the model types given."""
     import difflib
 
-    from .patches.table import format_table, load_table
+    from .families.table import format_table, load_table
 
     table = load_table()
     families = table["families"]
@@ -193,91 +146,61 @@ def cmd_families(args: argparse.Namespace) -> int:
     return 0
 
 
-def _mount(sub, name: str, help_text: str, add: Any, run: Any) -> None:
-    """A subcommand whose arguments and implementation live in another module."""
-    p = sub.add_parser(name, help=help_text)
-    add(p)
-    p.set_defaults(func=run)
+def cmd_train(args: argparse.Namespace) -> int:
+    from .training.cli import run_train
+
+    return run_train(args)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from .record import LIBRARY_VERSION
+def cmd_eval(args: argparse.Namespace) -> int:
+    from .evaluation.cli import run_eval
 
-    parser = _Parser(prog="hf-posenc", description=__doc__)
-    parser.add_argument("--version", action="version", version=f"%(prog)s {LIBRARY_VERSION}")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
-
-    p = sub.add_parser("info", help="what positional-encoding scheme a checkpoint carries")
-    _add_source(p)
-    p.set_defaults(func=cmd_info)
-
-    p = sub.add_parser("patch", help="load a checkpoint, patch it with a scheme, save it")
-    _add_source(p)
-    _add_output(p)
-    p.add_argument("--scheme", required=True, help="cope, hardclip, prope, rope, tapa or tape")
-    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="scheme option, repeatable (e.g. -o clip_low_n=10 -o rope_theta=1e7)")
-    p.add_argument("--replace", action="store_true", help="replace a scheme the checkpoint already carries")
-    p.add_argument("--compose", action="store_true",
-                   help="patch a stock export of hf-posenc on purpose (its frequencies already carry a scheme)")
-    p.set_defaults(func=cmd_patch)
-
-    p = sub.add_parser("export", help="write a patched checkpoint for stock Transformers (no plugin needed)")
-    _add_source(p)
-    _add_output(p)
-    p.add_argument("--gguf", metavar="QUANT", help="write OUTPUT as a GGUF file for llama.cpp instead: f32, f16, "
-                   "bf16, q8_0 (llama.cpp's converter alone: scripts/serving/setup_llamacpp.sh --converter, seconds) "
-                   "or q4_k_m (also its quantizer: the full setup, minutes); Llama-architecture frequency schemes")
-    p.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source directory holding convert_hf_to_gguf.py "
-                   "(default: $HF_POSENC_LLAMA_CPP, else where the setup script unpacks it)")
-    p.add_argument("--tokenizer", metavar="DIR_OR_HUB_ID",
-                   help="the tokenizer to write with the model (default: SOURCE's; a GGUF file needs one)")
-    p.set_defaults(func=cmd_export)
-
-    p = sub.add_parser("families", help="the support table: every rotary model type × scheme, as the tests found it")
-    p.add_argument("model_types", nargs="*", metavar="MODEL_TYPE",
-                   help="only these model types' rows, e.g. llama qwen3 (default: every one)")
-    p.add_argument("--markdown", action="store_true", help="as a Markdown table (what docs/families.md embeds)")
-    p.set_defaults(func=cmd_families)
-
-    p = sub.add_parser("demo", help="SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text")
-    p.add_argument("--max-new-tokens", type=int, default=20)
-    p.set_defaults(func=cmd_demo)
-
-    from .diagnostics.cli import add_diagnose_arguments, run_diagnose
-    from .evaluation.cli import add_eval_arguments, run_eval
-    from .experiments.cli import add_experiment_arguments, run_experiment
-    from .selftest.cli import add_selftest_arguments, run_selftest_command
-    from .training.cli import add_train_arguments, run_train
-
-    _mount(sub, "train", "PEFT context-extension fine-tuning from a recipe (recipes/*.yaml)",
-           add_train_arguments, run_train)
-    _mount(sub, "eval", "sliding-window perplexity, passkey and needle tasks at several lengths",
-           add_eval_arguments, run_eval)
-    _mount(sub, "diagnose", "the papers' analyses (frequency usage, positional heads, disentanglement, ...)",
-           add_diagnose_arguments, run_diagnose)
-    _mount(sub, "experiment", "miniature reproductions of the papers' claims: every scheme side by side, several seeds",
-           add_experiment_arguments, run_experiment)
-    _mount(sub, "selftest", "check every TAPA/TAPE kernel against its reference, then time them against RoPE",
-           add_selftest_arguments, run_selftest_command)
-    return parser
+    return run_eval(args)
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["train"]:  # `train RECIPE key=value ... --resume`: flags may follow the overrides
-        from .training.cli import main as train_main
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnostics.cli import run_diagnose
 
-        return train_main(argv[1:])
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    if extra:  # reported by the subcommand's parser: its usage, and the option a misspelled one stands for
-        subcommand_parser(parser, args.command).error(f"unrecognized arguments: {' '.join(extra)}")
+    return run_diagnose(args)
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    from .experiments.cli import run_experiment
+
+    return run_experiment(args)
+
+
+def cmd_selftest(args: argparse.Namespace) -> int:
+    from .selftest.cli import run_selftest_command
+
+    return run_selftest_command(args)
+
+
+# subcommand (hf_posenc_cli.arguments.SUBCOMMANDS) -> what runs it
+COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "info": cmd_info, "patch": cmd_patch, "export": cmd_export, "families": cmd_families, "demo": cmd_demo,
+    "train": cmd_train, "eval": cmd_eval, "diagnose": cmd_diagnose, "experiment": cmd_experiment,
+    "selftest": cmd_selftest,
+}
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """Run a parsed command line (:func:`hf_posenc_cli.arguments.parse`); a bad value is reported as
+    ``hf-posenc COMMAND: error: ...`` with exit status 2 (``train`` reports its own)."""
+    if args.command == "train":
+        return COMMANDS["train"](args)
     try:
-        return args.func(args)
+        return COMMANDS[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, OSError, ImportError) as exc:  # ImportError: names the install
         print(f"hf-posenc {args.command}: error: {exc}", file=sys.stderr)
         return 2
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``hf-posenc`` (and ``python -m hf_posenc.cli``): parse with :mod:`hf_posenc_cli`, then run here."""
+    from hf_posenc_cli.arguments import parse
+
+    return run_command(parse(argv))
 
 
 if __name__ == "__main__":

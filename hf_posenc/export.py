@@ -27,7 +27,7 @@ from transformers import PreTrainedModel
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
 from .io_atomic import atomic_dir
-from .patches import family_for
+from .families import family_for
 from .patching import check_patchable, scheme_record
 from .record import EXPORT_KEY, LIBRARY_VERSION, RECORD_KEY
 from .schemes.base import FrequencySchemeConfig

@@ -50,7 +50,7 @@ import torch
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
 from .export import frequency_factors, save_stock, stock_config
-from .patches import family_for
+from .families import family_for
 from .patching import check_patchable, scheme_record
 from .schemes.base import FrequencySchemeConfig
 from .schemes.base import head_dim as config_head_dim

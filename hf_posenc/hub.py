@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .patches.base import register_publisher
+from .families.base import register_publisher
 from .patching import check_patchable, scheme_record
 from .record import FORMAT_VERSION, LIBRARY_VERSION
 from .upstream import name_or_path

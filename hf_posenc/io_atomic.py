@@ -6,6 +6,7 @@ everything has been written into it does it take the target's place (on Linux by
 the target is always either the complete old or the complete new output), and the old contents are then deleted.
 An exception leaves the target as it was; a process killed mid-write leaves the target as it was plus a hidden
 ``.NAME.partial-PID-…`` directory, removed by the next write to the same target once that process is gone.
+:func:`atomic_write_text` does the same for one file replaced inside a directory another writer owns.
 """
 
 from __future__ import annotations
@@ -124,3 +125,18 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
     finally:
         if partial.exists():
             shutil.rmtree(partial)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to the file ``path`` at once: into a hidden ``.NAME.partial-PID-…`` file beside it, then
+    renamed over it, so a reader (or a process killed meanwhile) finds the old file or the new one, never half of
+    one. For a file replaced inside a directory written by someone else (a Trainer's ``checkpoint-N``)."""
+    path = Path(path)
+    partial = path.with_name(f".{path.name}{PARTIAL}{os.getpid()}-{secrets.token_hex(4)}")
+    try:
+        partial.write_text(text)
+        os.replace(partial, path)
+    finally:
+        if partial.exists():
+            partial.unlink()
+    return path

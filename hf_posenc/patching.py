@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .patches import check_scheme, family_for
-from .patches.base import required_attn_implementation, rope_layer_keys, scheme_rope_parameters
+from .families import check_scheme, family_for
+from .families.base import required_attn_implementation, rope_layer_keys, scheme_rope_parameters
 from .record import EXPORT_KEY, RECORD_KEY, SchemeRecord
 from .schemes import SchemeConfig, make_scheme
 from .schemes.base import head_dim as config_head_dim

@@ -3,7 +3,7 @@ where hf-posenc is not installed.
 
 The files are hf-posenc's own modules, copied as they are, with their relative imports pointed at the one flat
 folder Transformers' dynamic modules use, plus a small entry module per model family that ``auto_map`` points to.
-Which modules travel is derived, not listed: the patched classes (``patches.base``) and the package of every
+Which modules travel is derived, not listed: the patched classes (``families.base``) and the package of every
 registered scheme (:data:`hf_posenc.schemes.REGISTRY`), closed under their relative imports (read with ``ast``).
 The modules left out are declared in :data:`OPTIONAL` (the Triton kernels): they are imported only inside ``try``
 (Transformers' rule for custom code: an import there may fail), point at the installed hf-posenc, and without it
@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .patches import family_for
-from .patches.base import register_publisher
+from .families import family_for
+from .families.base import register_publisher
 from .record import LIBRARY_VERSION
 from .schemes import REGISTRY
 
@@ -89,10 +89,10 @@ def _relative_imports(module: str) -> list[_Import]:
 
 
 def bundle(roots: list[str] | None = None) -> tuple[str, ...]:
-    """The modules the remote code carries: ``roots`` (default: ``patches.base`` and every registered hf-posenc
+    """The modules the remote code carries: ``roots`` (default: ``families.base`` and every registered hf-posenc
     scheme's package) and every module they import, except the :data:`OPTIONAL` ones."""
     if roots is None:
-        roots = ["patches.base"] + [s.package.removeprefix(f"{PACKAGE}.") for s in REGISTRY.values()
+        roots = ["families.base"] + [s.package.removeprefix(f"{PACKAGE}.") for s in REGISTRY.values()
                                     if s.package.startswith(f"{PACKAGE}.")]
     seen: dict[str, None] = {}
     todo = list(roots)
@@ -140,7 +140,7 @@ their imports. With hf-posenc installed, ``import hf_posenc`` loads the checkpoi
 from {config_mod} import {config_cls}
 from {model_mod} import {model_cls}
 
-from .{flat_name("patches.base")} import make_family
+from .{flat_name("families.base")} import make_family
 from .{flat_name("schemes")} import register_with_transformers
 
 register_with_transformers()

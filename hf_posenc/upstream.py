@@ -1,6 +1,7 @@
-"""Every keyword, private name and internal layout of Transformers (and of argparse) that hf-posenc relies on, in one
-place, with one test each (``tests/test_upstream_api.py``), run on the locked releases and on the newest ones (the
-upstream lane, ``scripts/upstream_lane.py``).
+"""Every keyword, private name and internal layout of Transformers (and of argparse, as HfArgumentParser builds it)
+that hf-posenc relies on, in one place, with one test each (``tests/test_upstream_api.py``), run on the locked
+releases and on the newest ones (the upstream lane, ``scripts/upstream_lane.py``). The command line's own parsers
+keep the argparse internals they read beside them, in ``hf_posenc_cli.arguments``.
 
 A new Transformers release that moves one of these fails a named test in the upstream lane instead of changing
 what a patched model computes. What moved so far:
@@ -23,7 +24,7 @@ from typing import Any, Callable
 CACHE_KEYWORDS = ("cache", "past_key_values")
 
 # PreTrainedModel's hook that picks the attention implementation (at init and in set_attn_implementation); the
-# patched model classes override it to keep the implementation a scheme requires (patches/base.py).
+# patched model classes override it to keep the implementation a scheme requires (families/base.py).
 ATTN_IMPLEMENTATION_HOOK = "_check_and_adjust_attn_implementation"
 
 
@@ -90,18 +91,3 @@ def parser_actions(parser: argparse.ArgumentParser) -> list[argparse.Action]:
     """Every action of a parser (argparse private ``_actions``)."""
     return parser._actions
 
-
-def parser_option_strings(parser: argparse.ArgumentParser) -> list[str]:
-    """Every option string a parser takes (``-o``, ``--option``; argparse private ``_option_string_actions``)."""
-    return list(parser._option_string_actions)
-
-
-def parser_has_subcommands(parser: argparse.ArgumentParser) -> bool:
-    """Whether ``add_subparsers`` was called on a parser (argparse private ``_subparsers``)."""
-    return parser._subparsers is not None
-
-
-def subcommand_parser(parser: argparse.ArgumentParser, name: str) -> argparse.ArgumentParser:
-    """The parser of subcommand ``name`` (argparse private ``_SubParsersAction`` among ``_actions``)."""
-    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    return action.choices[name]

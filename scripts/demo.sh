@@ -22,4 +22,4 @@ if ! venv_current "$VENV" .hf-posenc-demo "$want"; then
   echo "$want" > "$VENV/.hf-posenc-demo"
   echo "demo: $VENV ready in $(( $(date +%s) - began )) s" >&2
 fi
-exec "$VENV/bin/python" -m hf_posenc.cli demo "$@"
+exec "$VENV/bin/hf-posenc" demo "$@"

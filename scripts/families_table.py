@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     import importlib
 
     import family_matrix
-    from hf_posenc.patches.table import TABLE_PATH, table_schemes
+    from hf_posenc.families.table import TABLE_PATH, table_schemes
 
     for module in args.imports:
         importlib.import_module(module)
@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         failures += [f"{model_type} {s}: {e['reason']}" for s, e in row.items() if e["status"] == "error"]
         families[model_type] = row
     if failures:
-        print("checks failed (fix them, or refuse the scheme with its reason in hf_posenc.patches.OVERRIDES):")
+        print("checks failed (fix them, or refuse the scheme with its reason in hf_posenc.families.OVERRIDES):")
         print("\n".join(f"  {f}" for f in failures))
         return 1
     out = {"transformers_version": transformers.__version__, "schemes": list(schemes),

@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COPIED = ("hf_posenc", "tests", "recipes", "pyproject.toml", "README.md", "docs")  # what the tests import or read
+COPIED = ("hf_posenc", "hf_posenc_cli", "tests", "recipes", "pyproject.toml", "README.md", "docs")  # what the tests import or read
 GUARD_MODULE = "_mutation_guard"
 GUARD_OK = "MUTATION-GUARD hf_posenc imported from the copy"
 GUARD = f'''"""Written by scripts/mutation_check.py: fail the run if hf_posenc is not the mutated copy's."""
@@ -138,7 +138,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "backend='triton' at init on CPU: the fused kernel reads [V | E] even while W_att = 0 leaves Ẽ unread",
     ),
     Mutation(
-        "config-record-and-rope-parameters-never-compared", "hf_posenc/patches/base.py",
+        "config-record-and-rope-parameters-never-compared", "hf_posenc/families/base.py",
         "        if implied != rope:",
         "        if False:",
         ("tests/test_checkpoint.py::test_a_config_whose_record_and_rope_parameters_disagree_is_refused_naming_both",),
@@ -386,7 +386,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "override values are YAML (numbers, lists, booleans), not strings",
     ),
     Mutation(
-        "patched-class-skips-model-level-init-on-load", "hf_posenc/patches/base.py",
+        "patched-class-skips-model-level-init-on-load", "hf_posenc/families/base.py",
         "        return False\n",
         "        return True\n",
         ("tests/test_families.py::test_family_checks_give_its_table_row[falcon_h1]",),
@@ -464,6 +464,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         "half = t * stats[\"sd\"] * math.sqrt(1 / n)",
         ("tests/test_experiments.py::test_reproducibility_uses_the_prediction_interval_of_a_mean",),
         "the prediction interval of a mean of m new seeds: sd * sqrt(1/n + 1/m), not the committed mean's error",
+    ),
+    # -- the command line (issue #36: help and argument errors without torch) ---------------------------------------
+    Mutation(
+        "cli-parsing-imports-hf-posenc", "hf_posenc_cli/arguments.py",
+        'return metadata.version("hf-posenc")',
+        'import hf_posenc\n        return hf_posenc.__version__',
+        ("tests/test_cli.py::test_help_version_and_argument_errors_import_neither_hf_posenc_nor_torch",),
+        "help, --version and argument errors must answer before hf_posenc (and so torch) is imported",
     ),
 )
 
@@ -612,6 +620,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{len(selected)} mutations, {len(problems)} anchor problem(s)")
         return 1 if problems else 0
 
+    if args.jobs > 1:  # several pytest runs at once: one thread each (torch's default, one per core, oversubscribes)
+        os.environ.setdefault("OMP_NUM_THREADS", "1")
     start = time.monotonic()
     jobs: list[tuple[Mutation | None, list[str]]] = [(m, list(m.tests)) for m in selected]
     if not args.no_baseline:

@@ -11,6 +11,14 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
+# Each pytest-xdist worker runs single-threaded, and so do the processes its tests start (OMP_NUM_THREADS): two
+# workers on 2 cores with torch's default of one thread per core oversubscribe the cores, and OpenMP's waiting
+# threads then make a small model's operations many times slower (measured here: a toy experiment took 412 s with
+# torch's default beside a busy core, 31 s single-threaded).
+if os.environ.get("PYTEST_XDIST_WORKER") and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
 # The suite builds many small models with flex_attention; each shape is one more compilation.
 torch._dynamo.config.recompile_limit = 256
 torch._dynamo.config.accumulated_recompile_limit = 4096

@@ -15,8 +15,8 @@ from typing import Any
 import torch
 
 import hf_posenc
-from hf_posenc.patches.derive import FamilyRefused, rotary_causal_lm_types, static_refusal, stock_classes
-from hf_posenc.patches.table import table_schemes
+from hf_posenc.families.derive import FamilyRefused, rotary_causal_lm_types, static_refusal, stock_classes
+from hf_posenc.families.table import table_schemes
 
 # Identity settings (the model must not change at all) and active settings of each frequency scheme.
 FREQUENCY_SCHEMES = {

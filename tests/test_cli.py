@@ -14,6 +14,7 @@ import torch
 import hf_posenc
 from hf_posenc.cli import main as cli
 from hf_posenc.models import load_model
+from hf_posenc_cli import arguments
 from tiny import random_ids, tiny_model
 
 
@@ -331,6 +332,68 @@ def test_help_and_abbreviated_options_still_work(capsys):
     assert capsys.readouterr().out.startswith("| model type |")
 
 
+# -- help, --version and argument errors answer without importing torch ------------------------------------------
+HELP_AND_ERRORS = (["--help"], ["--version"], ["eval", "--help"], ["train", "--help"], ["experiment", "--help"],
+                   ["patch", "src", "out", "--shceme", "cope"], ["eval", "m", "--lenghts", "64", "--out", "o"],
+                   ["train"], ["diagnose", "m", "--text", "t", "--out", "o", "--analyses", "nope"])
+
+
+def test_help_version_and_argument_errors_import_neither_hf_posenc_nor_torch():
+    """The installed `hf-posenc` command parses in hf_posenc_cli (standard library only): help, --version and each
+    argument error exit (0 or 2) before `import hf_posenc` would import torch and Transformers (seconds)."""
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        from hf_posenc_cli import main
+        codes = []
+        for argv in {HELP_AND_ERRORS!r}:
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                try:
+                    main(argv)
+                except SystemExit as exit_:
+                    codes.append(exit_.code)
+        loaded = sorted(m for m in ("torch", "transformers", "hf_posenc") if m in sys.modules)
+        print(json.dumps({{"codes": codes, "loaded": loaded}}))
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {"codes": [0, 0, 0, 0, 0, 2, 2, 2, 2], "loaded": []}, result
+
+
+def test_the_installed_command_answers_help_at_once():
+    """`hf-posenc --help` through the console script pip installed (its entry point is hf_posenc_cli:main): well
+    under the 5+ s that importing torch and Transformers takes here."""
+    command = Path(sys.executable).with_name("hf-posenc")
+    start = time.monotonic()
+    done = subprocess.run([str(command), "--help"], capture_output=True, text=True, timeout=120)
+    elapsed = time.monotonic() - start
+    assert done.returncode == 0 and done.stdout.startswith("usage: hf-posenc"), done.stderr[-2000:]
+    assert elapsed < 2.0, f"hf-posenc --help took {elapsed:.1f} s"
+
+
+def test_every_subcommand_and_experiment_the_command_line_names_runs():
+    from hf_posenc.cli import COMMANDS
+    from hf_posenc.experiments.cli import CONFIGS
+    from hf_posenc_cli.arguments import EXPERIMENTS, SUBCOMMANDS
+
+    assert tuple(COMMANDS) == tuple(SUBCOMMANDS) and tuple(CONFIGS) == EXPERIMENTS
+
+
+def test_parser_option_strings_subcommands_and_their_parsers():
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--alpha", "-a")
+    assert not arguments.parser_has_subcommands(parser)
+    sub = parser.add_subparsers(dest="command")
+    child = sub.add_parser("run")
+    child.add_argument("--lengths")
+    assert arguments.parser_has_subcommands(parser)
+    assert {"--alpha", "-a", "-h", "--help"} <= set(arguments.parser_option_strings(parser))
+    assert arguments.subcommand_parser(parser, "run") is child
+    assert "--lengths" in arguments.parser_option_strings(child)
+
+
 # The training, serving and test stack that scripts/demo.sh leaves out of the demo's environment (.venv-demo)
 NOT_IN_THE_DEMO_ENVIRONMENT = ("peft", "datasets", "deepspeed", "trl", "triton", "matplotlib", "pandas", "pyarrow",
                                "einops", "hjson", "ninja", "pydantic", "pytest")
@@ -345,7 +408,7 @@ def test_the_package_and_its_demo_import_without_the_training_stack():
 
     block = "; ".join(f"sys.modules[{name!r}] = None" for name in NOT_IN_THE_DEMO_ENVIRONMENT)
     code = (f"import sys; {block}; import hf_posenc; from hf_posenc.demo import run_demo; "
-            "from hf_posenc.cli import build_parser; build_parser(); print('IMPORTED')")
+            "import hf_posenc.cli; from hf_posenc_cli.arguments import build_parser; build_parser(); print('IMPORTED')")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "IMPORTED" in done.stdout, done.stderr[-3000:]
     script = (Path(__file__).resolve().parents[1] / "scripts" / "demo.sh").read_text()

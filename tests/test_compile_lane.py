@@ -18,7 +18,8 @@ import pytest
 import torch
 
 from hf_posenc.kernels._triton import INTERPRETER, LaunchSpec, Target, compile_inputs, pow2
-from hf_posenc.kernels.compile_lane import (DTYPES, HEAD_DIMS, STANDARD_RUNS, code_path, read_cache,
+from hf_posenc.kernels import tapa, tape
+from hf_posenc.kernels.compile_lane import (DTYPES, FAMILIES, HEAD_DIMS, STANDARD_RUNS, code_path, read_cache,
                                            read_manifest, run_lane_subprocess, triton_build)
 from hf_posenc.kernels.tapa import triton_tapa
 
@@ -75,6 +76,12 @@ def test_seed_binaries_are_what_the_compiler_makes_now(tmp_path):
         assert all(k in seed for k in r.triton_keys), (r.launches, r.triton_keys)
         binary = next(data for name, data in seed[r.triton_keys[0]].items() if name.endswith(".cubin"))
         assert Path(r.cubin).read_bytes() == binary, (r.launches, r.constexprs)
+
+
+def test_the_kernel_packages_name_what_the_lane_compiles():
+    """The lane names no scheme: it compiles the modules each kernel package lists in LANE_FAMILIES."""
+    assert FAMILIES == tapa.LANE_FAMILIES + tape.LANE_FAMILIES == (
+        "hf_posenc.kernels.tapa.triton_tapa", "hf_posenc.kernels.tape.triton_tape")
 
 
 def test_a_damaged_seed_is_refused_with_the_fix(tmp_path):

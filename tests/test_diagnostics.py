@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 
@@ -392,7 +391,8 @@ def test_frequency_usage_plot_and_json(llama, tmp_path):
 
 
 def test_cli_writes_json_and_png_for_two_models(llama, tmp_path):
-    from hf_posenc.diagnostics.cli import add_diagnose_arguments, run_diagnose
+    from hf_posenc.diagnostics.cli import run_diagnose
+    from hf_posenc_cli.arguments import command_parser
     from transformers import PreTrainedTokenizerFast
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -405,7 +405,7 @@ def test_cli_writes_json_and_png_for_two_models(llama, tmp_path):
         PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]").save_pretrained(tmp_path / name)
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"w{(7 * i) % 120 + 3}" for i in range(80)))
-    parser = add_diagnose_arguments(argparse.ArgumentParser())
+    parser = command_parser("diagnose")
     args = parser.parse_args([
         f"a={tmp_path / 'm1'}", f"b={tmp_path / 'm2'}", "--text", str(text), "--out", str(tmp_path / "out"),
         "--analyses", "frequency_usage,distance_bias,semantic_decay", "--samples", "64", "--no-progress",
@@ -423,7 +423,8 @@ def test_cli_writes_json_and_png_for_two_models(llama, tmp_path):
 
 def test_cli_summary_names_every_file_written(llama, tmp_path, capsys):
     """All six analyses on a tiny model: summary.md sits beside their files, names each one, and is printed."""
-    from hf_posenc.diagnostics.cli import ANALYSES, add_diagnose_arguments, run_diagnose
+    from hf_posenc.diagnostics.cli import run_diagnose
+    from hf_posenc_cli.arguments import ANALYSES, command_parser
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -436,7 +437,7 @@ def test_cli_summary_names_every_file_written(llama, tmp_path, capsys):
     text = tmp_path / "t.txt"
     text.write_text(" ".join(f"w{(7 * i) % 120 + 3}" for i in range(80)))
     out = tmp_path / "out"
-    args = add_diagnose_arguments(argparse.ArgumentParser()).parse_args([
+    args = command_parser("diagnose").parse_args([
         f"tiny={tmp_path / 'm'}", "--text", str(text), "--out", str(out), "--samples", "64", "--length", "24",
         "--trials", "1", "--fractions", "0.1", "--max-distances", "3", "--no-progress",
     ])

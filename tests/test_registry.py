@@ -63,7 +63,7 @@ def half_scheme():
     """Registers the test scheme for one test and takes it out again (the registry is process-wide)."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from hf_posenc.patches.base import PosencConfigMixin
+    from hf_posenc.families.base import PosencConfigMixin
 
     scheme = registry.register_scheme(_HalfConfig, rope_types={"test_half": RopeType(_half_init, _validate_half)})
     yield scheme
@@ -74,7 +74,7 @@ def half_scheme():
 def test_a_registered_scheme_is_usable_by_name_with_no_other_edit(half_scheme):
     """register_scheme is the only step (after `import hf_posenc`): patch_model finds it by name, Transformers gets
     its rope type and the patched config validates it."""
-    from hf_posenc.patches.base import PosencConfigMixin
+    from hf_posenc.families.base import PosencConfigMixin
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
     assert ROPE_INIT_FUNCTIONS["test_half"] is _half_init
@@ -95,7 +95,7 @@ def test_a_registered_scheme_is_refused_where_every_scheme_is(half_scheme):
     patched silently on phimoe (its rotary module reads LongRoPE's mscales, which the scheme's rope type lacks) and
     moshi (its cached generation differs from its full forward even unpatched), where CoPE is refused."""
     from family_matrix import stock_model
-    from hf_posenc.patches import EVERY_SCHEME, OVERRIDES, FamilyRefused, family_for, family_refusal
+    from hf_posenc.families import EVERY_SCHEME, OVERRIDES, FamilyRefused, family_for, family_refusal
 
     assert {"phimoe", "moshi"} <= {t for t, o in OVERRIDES.items() if EVERY_SCHEME in o.get("refusals", {})}
     for model_type in ("phimoe", "moshi"):
@@ -130,7 +130,7 @@ def test_the_remote_bundle_is_derived_from_the_registry():
     modules = remote_code.bundle()
     for scheme in REGISTRY.values():
         assert scheme.package.removeprefix("hf_posenc.") in modules
-    assert "patches.base" in modules and "schemes.registry" in modules
+    assert "families.base" in modules and "schemes.registry" in modules
     assert "kernels.tapa.chunked" in modules  # imported outside `try`: the CPU path travels
     assert not [m for m in modules if m in ("kernels.tapa", "kernels.tape", "kernels._triton")
                 or "triton" in m]  # imported inside `try` only: the Triton kernels stay out
@@ -199,6 +199,6 @@ def test_the_docs_scheme_from_outside_gets_its_refusals_and_its_table_column(tmp
     assert table["families"]["llama"]["half"] == {"status": "verified"}
     assert table["families"]["phimoe"]["half"]["status"] == "refused"
     assert table["families"]["phimoe"]["half"]["reason"] == table["families"]["phimoe"]["cope"]["reason"]
-    from hf_posenc.patches.table import format_table
+    from hf_posenc.families.table import format_table
 
     assert "| half |" in format_table(table, markdown=True).splitlines()[0] + "|"

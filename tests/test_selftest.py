@@ -13,7 +13,7 @@ from hf_posenc.cli import main as cli
 from hf_posenc.kernels import tapa, tape
 from hf_posenc.selftest import SelftestReport, run_selftest
 from hf_posenc.selftest import checks
-from hf_posenc.selftest.checks import GRADIENTS, SHAPES, build_cases, chunked_available, row_relative_error
+from hf_posenc.selftest.checks import GRADIENTS, SHAPES, build_cases, row_relative_error
 from hf_posenc.selftest.environment import needs_fresh_process, resolve_device
 
 TINY = dict(size="tiny", dtypes=("fp32",), progress=False)
@@ -31,8 +31,7 @@ def test_cpu_selftest_passes_and_writes_the_promised_json(tmp_path):
     assert "not gpu performance" in data["timing_note"].lower()
 
     names = {c["name"] for c in data["checks"]}
-    kernels = {"tapa", "tape"} | ({"tapa_chunked"} if chunked_available() else set())
-    assert {n.split("/")[0] for n in names} == kernels
+    assert {n.split("/")[0] for n in names} == {"tapa", "tapa_chunked", "tape"}
     for variant in ("causal-gqa", "key-padding", "packed-segments", "sliding-window", "linear-phase",
                     "chunked-prefill", "decode"):
         assert f"tapa/{variant}/D16/fp32" in names
@@ -129,7 +128,7 @@ def test_row_relative_error_is_scale_free_and_strict_on_zero_rows():
 
 
 def test_case_list_covers_every_situation_and_bad_options_are_refused():
-    cases = build_cases(SHAPES["realistic"], ("bf16", "fp16"), ("tapa", "tape"))
+    cases = build_cases(SHAPES["realistic"], ("bf16", "fp16"), torch.device("cuda"))
     names = {c.name for c in cases}
     assert "tapa/causal-gqa/D128/bf16" in names and "tapa/causal-gqa/D64/fp16" in names
     assert all(c.q_heads > c.kv_heads for c in cases)  # every case is grouped-query attention
@@ -140,6 +139,17 @@ def test_case_list_covers_every_situation_and_bad_options_are_refused():
     with pytest.raises(ValueError, match="no check name contains"):
         run_selftest("cpu", **TINY, only=("nope",))
     assert cli(["selftest", "--device", "cpu", "--size", "tiny", "--only", "nope", "--no-progress"]) == 2
+
+
+def test_the_registered_schemes_name_what_is_checked_and_timed(monkeypatch):
+    """The selftest names no scheme: it runs the modules the registered schemes declare (SchemeConfig.selftest),
+    in registration order, with the CPU's own paths on CPU only."""
+    from hf_posenc.schemes import SCHEMES
+
+    assert [f.__name__ for f in checks.families()] == ["hf_posenc.selftest.tapa", "hf_posenc.selftest.tape"]
+    assert {c.kernel for c in build_cases(SHAPES["tiny"], ("fp32",), torch.device("cuda"))} == {"tapa", "tape"}
+    monkeypatch.setattr(SCHEMES["tape"], "selftest", None)
+    assert {c.kernel for c in build_cases(SHAPES["tiny"], ("fp32",), torch.device("cpu"))} == {"tapa", "tapa_chunked"}
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only refusals")
@@ -192,7 +202,8 @@ def test_gradient_tolerance_covers_the_rounding_of_delta(dtype):
     """The realistic TAPE key-padding case (left padding: many causal rows see few keys) loses this much dq
     accuracy to Δ formed from rounded outputs alone -- more, in bf16, than the outputs' tolerance. The gradient
     tolerance must leave the kernel room above it (an H200 measured 1.9e-2 bf16, 2.6e-3 fp16)."""
-    case = next(c for c in build_cases(SHAPES["realistic"], (dtype,), ("tape",)) if c.variant == "key-padding")
+    case = next(c for c in build_cases(SHAPES["realistic"], (dtype,), torch.device("cuda"))
+                if c.kernel == "tape" and c.variant == "key-padding")
     floor = _dq_error_from_rounded_outputs(case, checks.DTYPES[dtype])
     assert floor > checks.TOLERANCES[dtype] / 4  # the effect is real: gradients need a tolerance of their own
     assert 2 * floor <= checks.GRADIENT_TOLERANCES[dtype]

@@ -317,7 +317,7 @@ def test_chunked_loss_reproduces_the_family_head(family, config, tmp_path):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     from hf_posenc.evaluation.perplexity import window_nll
-    from hf_posenc.layers import output_logit_transform
+    from hf_posenc.decoder_layers import output_logit_transform
 
     cfg = AutoConfig.for_model(family, vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                                num_attention_heads=4, num_key_value_heads=2, head_dim=8, **config)
@@ -494,33 +494,40 @@ def test_two_process_run(workspace):
 @pytest.mark.slow
 def test_a_run_on_the_embedded_model_names_it_and_shows_only_what_concerns_the_user(workspace):
     """`hf-posenc train` on @smollm2 (a GGUF inside this environment), as a newcomer runs it: the adapter (and its
-    checkpoints) name the base `@smollm2`, not the folder it resolves to; its README says to import hf_posenc and
-    patch the base first, in code; and the output holds none of DeepSpeed's "Setting accelerator to CPU", PEFT's
-    "Could not find a config file" (once per save) or datasets' "Downloading data" (16+ local files)."""
+    checkpoints) name the base `@smollm2`, not the folder it resolves to; its README, and every checkpoint's, is
+    hf-posenc's card (the Hub's metadata checks pass), which says to import hf_posenc and patch the base first, in
+    code; and the output holds none of DeepSpeed's "Setting accelerator to CPU", PEFT's "Could not find a config
+    file" (once per save), datasets' "Downloading data" (16+ local files) or PyTorch's "'pin_memory' argument is set
+    as true but no accelerator is found" (the DataLoader's default on a machine without one)."""
+    from test_hub import assert_card_is_well_formed
+
     docs = workspace / "docs"
     docs.mkdir(exist_ok=True)
     for i, text in enumerate(_corpus(20, seed=3)):
         (docs / f"doc{i:02d}.txt").write_text(text)
     recipe = _recipe(workspace, "smollm2", model={"path": "@smollm2"}, scheme={"clip_low_n": 3},
                      data={"files": [str(docs / "*.txt")]}, peft={"trainable_embeddings": False},
-                     training={"max_steps": 1, "save_steps": 1, "per_device_train_batch_size": 1})
+                     training={"max_steps": 1, "save_steps": 1, "per_device_train_batch_size": 1,
+                               "use_cpu": False})  # unset, as in recipes/smollm2-*-cpu.yaml
     (workspace / "smollm2.yaml").write_text(yaml.safe_dump(recipe))
     done = subprocess.run(_train_cmd(workspace / "smollm2.yaml"), env=_env(), capture_output=True, timeout=300)
     output = done.stdout.decode() + done.stderr.decode()
     assert done.returncode == 0, output[-3000:]
-    for chatter in ("Setting accelerator to CPU", "Could not find a config file", "Downloading data"):
-        assert chatter not in output, output[-3000:]
+    for chatter in ("Setting accelerator to CPU", "Could not find a config file", "Downloading data", "pin_memory"):
+        assert chatter not in output, (chatter, output[-3000:])
 
     adapter = workspace / "smollm2" / "adapter"
     for saved in (adapter, workspace / "smollm2" / "checkpoint-1"):
         assert json.loads((saved / "adapter_config.json").read_text())["base_model_name_or_path"] == "@smollm2"
-    card = (adapter / "README.md").read_text()
-    assert sys.prefix not in card and "More Information Needed" not in card  # not PEFT's boilerplate
-    assert "**Run `import hf_posenc` before loading this adapter**" in card and "| `clip_low_n` | `3` |" in card
-    code = card.split("```python\n", 1)[1].split("```", 1)[0]
-    assert code.startswith("import hf_posenc")
-    assert "base = hf_posenc.patch_model(hf_posenc.load_model(\"@smollm2\"), 'cope', clip_low_n=3)" in code
-    assert f"model = PeftModel.from_pretrained(base, {json.dumps(str(adapter))})" in code
+        assert (saved / "hf_posenc_adapter.json").is_file(), saved  # the record PEFT's loaders check
+        card = (saved / "README.md").read_text()
+        assert sys.prefix not in card and "More Information Needed" not in card, saved  # not PEFT's boilerplate
+        assert "**Run `import hf_posenc` before loading this adapter**" in card and "| `clip_low_n` | `3` |" in card
+        assert_card_is_well_formed(card)
+        code = card.split("```python\n", 1)[1].split("```", 1)[0]
+        assert code.startswith("import hf_posenc")
+        assert "base = hf_posenc.patch_model(hf_posenc.load_model(\"@smollm2\"), 'cope', clip_low_n=3)" in code
+        assert f"model = PeftModel.from_pretrained(base, {json.dumps(str(saved))})" in code
 
 
 def test_what_a_run_quiets_is_only_that_and_only_meanwhile(workspace):

@@ -128,21 +128,6 @@ def test_parser_option_and_actions_read_hf_argument_parser():
     assert upstream.parser_option(parser, "--output_dir").dest == "output_dir"
 
 
-def test_parser_option_strings_subcommands_and_their_parsers():
-    import argparse
-
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--alpha", "-a")
-    assert not upstream.parser_has_subcommands(parser)
-    sub = parser.add_subparsers(dest="command")
-    child = sub.add_parser("run")
-    child.add_argument("--lengths")
-    assert upstream.parser_has_subcommands(parser)
-    assert {"--alpha", "-a", "-h", "--help"} <= set(upstream.parser_option_strings(parser))
-    assert upstream.subcommand_parser(parser, "run") is child
-    assert "--lengths" in upstream.parser_option_strings(child)
-
-
 def test_name_or_path_is_where_from_pretrained_read_the_config(tmp_path):
     tiny_model("llama").save_pretrained(tmp_path)
     from transformers import AutoConfig

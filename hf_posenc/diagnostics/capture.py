@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import decoder_layers
+from ..decoder_layers import decoder_layers
 
 KINDS = ("q", "k", "v")
 

@@ -17,65 +17,6 @@ from typing import Any
 
 from ..models import load_model as load_pretrained
 from ..models import load_tokenizer, parse_model_specs
-from .runner import DEFAULT_DEPTHS, TASKS
-
-DTYPES = ("auto", "float32", "bfloat16", "float16")
-
-
-def _depth(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"a depth is a number in [0, 1], got {text!r}") from err
-    if not 0.0 <= value <= 1.0:
-        raise argparse.ArgumentTypeError(f"a depth is the fraction of filler before the needle, in [0, 1]; got {value}")
-    return value
-
-
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from err
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value}")
-    return value
-
-
-def add_eval_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """Add the ``eval`` arguments to ``parser`` (a sub-parser of the ``hf-posenc`` command)."""
-    parser.add_argument("models", nargs="+", metavar="MODEL", help="model directory, Hub id, .gguf file, or NAME=PATH")
-    parser.add_argument("--schemes", nargs="+", default=None, metavar="SPEC",
-                        help="evaluate the first MODEL patched with each scheme: NAME or NAME:key=value,... "
-                             "(e.g. rope cope:clip_low_n=10 prope:p=0.75 tapa), optionally LABEL=SPEC")
-    parser.add_argument("--tokenizer", help="tokenizer directory or Hub id for every model (default: each MODEL)")
-    parser.add_argument("--gguf-file", help="GGUF file name inside every MODEL directory (loaded dequantized)")
-    parser.add_argument("--text", help="UTF-8 text file for the perplexity task")
-    parser.add_argument("--tasks", nargs="+", choices=TASKS, default=["ppl", "passkey", "needle"], metavar="TASK",
-                        help=f"tasks among {', '.join(TASKS)} (default: ppl passkey needle; needle = all three)")
-    parser.add_argument("--lengths", nargs="+", type=_positive, default=[512, 1024],
-                        help="context lengths in tokens (default: 512 1024)")
-    parser.add_argument("--stride", type=_positive, default=None,
-                        help="perplexity window stride in tokens (default: half of each length)")
-    parser.add_argument("--max-tokens", type=_positive, default=None, help="use only the first N tokens of --text")
-    parser.add_argument("--depths", nargs="+", type=_depth, default=list(DEFAULT_DEPTHS),
-                        help="needle depths in [0, 1] (default: 0 0.25 0.5 0.75 1)")
-    parser.add_argument("--trials", type=_positive, default=1, help="prompts per length × depth cell (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the keys, values and needle placement")
-    parser.add_argument("--distractors", type=_positive, default=3, help="multikey: distractor needles (default 3)")
-    parser.add_argument("--values", type=int, default=4, help="multivalue: values of the asked key (default 4)")
-    parser.add_argument("--max-new-tokens", type=_positive, default=None,
-                        help="greedy tokens per answer (default: 10 for passkey, 12 per needle value)")
-    parser.add_argument("--out", required=True, help="output directory for results.json, report.md and the plots")
-    parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
-    parser.add_argument("--dtype", choices=DTYPES, default="auto", help="weights dtype (default: the checkpoint's)")
-    parser.add_argument("--attn-implementation", default=None, help="e.g. sdpa, eager, flash_attention_2")
-    parser.add_argument("--chunk-size", type=_positive, default=1024, help="positions per output-head chunk (1024)")
-    parser.add_argument("--full-logits", action="store_true",
-                        help="compute the perplexity from the model's full logits (reference path, more memory)")
-    parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
-    return parser
-
 
 def load_model(path: str, gguf_file: str | None = None, *, dtype: str = "auto", device: str | None = None,
                attn_implementation: str | None = None) -> Any:

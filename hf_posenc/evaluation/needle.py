@@ -20,10 +20,11 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from hf_posenc_cli.arguments import NEEDLE_TASKS
+
 from .passkey import FILLER, _check_depth
 from .prompting import largest_fitting
 
-NEEDLE_TASKS = ("single", "multikey", "multivalue")
 SENTENCES = tuple(s.strip() + "." for s in FILLER.split(".") if s.strip())
 NEEDLE = "One of the special magic numbers for {key} is: {value}."
 INTRO = ("Some special magic numbers are hidden within the following text. Make sure to memorize it. "

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ..layers import decoder_layers, output_logit_transform, transform_logits
+from ..decoder_layers import decoder_layers, output_logit_transform, transform_logits
 from .results import PerplexityResult
 
 IGNORE_INDEX = -100

@@ -9,14 +9,14 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
+from hf_posenc_cli.arguments import EVAL_TASKS as TASKS  # the command line's --tasks and --depths
+from hf_posenc_cli.arguments import NEEDLE_DEPTHS as DEFAULT_DEPTHS
+
 from .needle import NEEDLE_TASKS, TOKENS_PER_VALUE, build_needle_prompt, score_needle
 from .passkey import KEY_RANGE, MAX_NEW_TOKENS, build_passkey_prompt, score_passkey
 from .perplexity import perplexity_at_lengths, tokenize_text
 from .prompting import GenerateFn, greedy_generate
 from .results import EvaluationResult, RetrievalTrial
-
-TASKS = ("ppl", "passkey", "needle") + tuple(f"needle_{t}" for t in NEEDLE_TASKS)
-DEFAULT_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 
 
 def expand_tasks(tasks: Sequence[str]) -> list[str]:

@@ -3,7 +3,8 @@
 from the binaries.
 
 A kernel family is a module with ``lane_specs(target, dtype, head_dim) -> list[LaunchSpec]``: the launches
-its host code plans (on ``meta`` tensors) for every combination of compile-time flags it can produce.
+its host code plans (on ``meta`` tensors) for every combination of compile-time flags it can produce; each kernel
+package (a subpackage of ``hf_posenc.kernels``) lists its families in ``LANE_FAMILIES`` (:data:`FAMILIES`).
 The lane compiles each distinct binary once (the specs are deduplicated by Triton's own compile key), in
 parallel worker processes, with binaries cached by Triton under TRITON_CACHE_DIR (keyed by kernel source and
 options), and flags a record when:
@@ -49,6 +50,7 @@ import importlib.util
 import json
 import multiprocessing
 import os
+import pkgutil
 import subprocess
 import sys
 import time
@@ -58,7 +60,8 @@ from pathlib import Path
 
 from ._triton import SPILL_FREE_MAX_HEAD_DIM
 
-FAMILIES = ("hf_posenc.kernels.tapa.triton_tapa", "hf_posenc.kernels.tape.triton_tape")
+FAMILIES = tuple(f for p in pkgutil.iter_modules([str(Path(__file__).parent)], f"{__package__}.") if p.ispkg
+                 for f in getattr(importlib.import_module(p.name), "LANE_FAMILIES", ()))  # the packages' LANE_FAMILIES
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128, 256)
 # What the test suite compiles: the lane itself, and fp32 inputs at head dim 128 (their own tile tables).

@@ -1,6 +1,7 @@
-"""Every fast TAPA/TAPE kernel against its readable reference, on fresh random inputs.
+"""Every fast kernel against its readable reference, on fresh random inputs: the shared machinery. Each scheme
+names the module with its cases and kernels (``SchemeConfig.selftest``, :func:`families`: ``tapa.py``, ``tape.py``).
 
-Each case runs the fast path (Triton kernel; on CPU also the chunked TAPA path when present) in the case's
+Each case runs the fast path (a Triton kernel; on CPU also a CPU path such as TAPA's chunked one) in the case's
 dtype, and the reference (`tapa_attention_reference`, TAPA paper eq. 12 / 16; `tape_attention_reference`,
 TAPE paper eq. 6–7) in float64 on the SAME input values, so the measured error is the fast path's alone.
 Forward outputs and, for backward cases, every input gradient are compared.
@@ -32,12 +33,11 @@ keys: its fp32 rounding moves the cosine), where the readable reference evaluate
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import time
 import traceback
 import zlib
 from dataclasses import dataclass, field
-from typing import Callable
 
 import torch
 
@@ -47,8 +47,6 @@ GRADIENT_TOLERANCES = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 5e-2}  # input gradie
 GRADIENTS = ("dq", "dk", "dv", "de")  # the names of input gradients in CheckResult.errors
 OUTPUT_FLOOR = 0.05  # f of the row-relative error for outputs
 GRADIENT_FLOOR = 1.0  # ... and for input gradients
-KERNELS = ("tapa", "tapa_chunked", "tape")
-CHUNKED_BLOCK = 16  # small blocks for the chunked CPU path, so small shapes still cross several
 
 
 @dataclass(frozen=True)
@@ -78,8 +76,8 @@ SHAPES = {
 
 @dataclass(frozen=True)
 class CheckCase:
-    """One comparison: `kernel` in KERNELS, `variant` names the situation, `options` are the kernel's keyword
-    arguments, `masking` adds left padding ("padding") or packed documents ("segments") to the inputs."""
+    """One comparison: `kernel` (in its family's KERNELS), `variant` names the situation, `options` are the kernel's
+    keyword arguments, `masking` adds left padding ("padding") or packed documents ("segments") to the inputs."""
 
     kernel: str
     variant: str
@@ -93,7 +91,8 @@ class CheckCase:
     backward: bool
     options: tuple[tuple[str, object], ...] = ()
     masking: str = "none"
-    e_dim: int = 0  # TAPE positional channels
+    e_dim: int = 0  # > 0: a positional-state input of this width (TAPE's E)
+    positions: bool = False  # with "padding", positions counted over real tokens (TAPA's distances)
 
     @property
     def name(self) -> str:
@@ -101,7 +100,7 @@ class CheckCase:
 
     def describe(self) -> dict:
         return {"B": self.batch, "Hq": self.q_heads, "Hkv": self.kv_heads, "Lq": self.q_len, "Lk": self.k_len,
-                "D": self.head_dim, **({"De": self.e_dim} if self.kernel == "tape" else {})}
+                "D": self.head_dim, **({"De": self.e_dim} if self.e_dim else {})}
 
 
 @dataclass
@@ -131,55 +130,31 @@ class CheckResult:
         return self.gradient_tolerance if gradient else self.tolerance
 
 
-def chunked_available() -> bool:
-    """Whether this install has the chunked CPU TAPA path (hf_posenc.kernels.tapa.chunked)."""
-    return importlib.util.find_spec("hf_posenc.kernels.tapa.chunked") is not None
+def families() -> list:
+    """The selftest modules the registered schemes name (``SchemeConfig.selftest``), in registration order (imported
+    here: they import their kernels). Each has ``KERNELS`` ({kernel: () -> (fast path, reference)}, looked up as a
+    case runs; a check name starts with the kernel, timing rows carry the first), ``cases(shapes, dtype, device) ->
+    [CheckCase]``, ``TIMING`` (the modes it times), ``LABELS`` ({candidate: report label}, in timing order, RoPE's
+    ``timing.ROPE``) and ``time_unit(mode, length, batch, plan, dtype, device) -> {candidate: record}``."""
+    from ..schemes import SCHEMES
+
+    return [importlib.import_module(m) for m in dict.fromkeys(s.selftest for s in SCHEMES.values() if s.selftest)]
 
 
-def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], kernels: tuple[str, ...]) -> list[CheckCase]:
-    """The case list: for TAPA (and the chunked path) causal GQA at every head dim, non-causal with
-    non-default α/θ, key padding, packed segments, sliding window, linear phase (eq. 16), chunked prefill
-    (Lq < Lk) with backward, and decode (Lq = 1, and Lq = 4 with padding and a window), and the Triton kernel's
-    deterministic two-kernel backward at every head dim; for TAPE causal GQA
-    at every head dim, De ≠ D with a custom scale, non-causal, key padding, chunked prefill, decode.
-    ``dtypes`` are keys of DTYPES (checked by ``run_selftest``)."""
-    s = shapes
-    d0 = s.head_dims[0]
-    cases: list[CheckCase] = []
-    for dt in dtypes:
-        base = dict(dtype=dt, batch=s.batch, q_heads=s.q_heads, kv_heads=s.kv_heads)
-        prefill = dict(base, q_len=s.length, k_len=s.length, backward=True)
-        prefill0 = dict(prefill, head_dim=d0)
-        chunk0 = dict(base, q_len=s.chunk, k_len=s.length, backward=True, head_dim=d0)
-        decode0 = dict(base, k_len=s.decode_length, backward=False, head_dim=d0)
-        for kernel in (k for k in kernels if k in ("tapa", "tapa_chunked")):
-            cases += [CheckCase(kernel, "causal-gqa", head_dim=d, **prefill) for d in s.head_dims]
-            cases += [
-                CheckCase(kernel, "noncausal-alpha0.5-theta0.25",
-                          options=(("causal", False), ("alpha", 0.5), ("theta", 0.25)), **prefill0),
-                CheckCase(kernel, "key-padding", masking="padding", **prefill0),
-                CheckCase(kernel, "packed-segments", masking="segments", **prefill0),
-                CheckCase(kernel, "sliding-window", options=(("sliding_window", s.window),), **prefill0),
-                CheckCase(kernel, "linear-phase", options=(("phase", "linear"),), **prefill0),
-                CheckCase(kernel, "chunked-prefill", **chunk0),
-                CheckCase(kernel, "decode", q_len=1, **decode0),
-                CheckCase(kernel, "decode-padded-window", q_len=4, masking="padding",
-                          options=(("sliding_window", s.window),), **decode0),
-            ]
-            if kernel == "tapa":  # the two-kernel backward (the fused one, with atomic dQ, is the default on Hopper)
-                cases += [CheckCase(kernel, f"deterministic-backward-d{d}", head_dim=d,
-                                    options=(("deterministic", True),), **prefill) for d in s.head_dims]
-        if "tape" in kernels:
-            cases += [CheckCase("tape", "causal-gqa", head_dim=d, e_dim=d, **prefill) for d in s.head_dims]
-            cases += [
-                CheckCase("tape", "e-width-scale", e_dim=max(2, d0 // 2), options=(("scale", 0.3),), **prefill0),
-                CheckCase("tape", "noncausal", e_dim=d0, options=(("causal", False),), **prefill0),
-                CheckCase("tape", "key-padding", e_dim=d0, masking="padding", **prefill0),
-                CheckCase("tape", "chunked-prefill", e_dim=d0, **chunk0),
-                CheckCase("tape", "decode", e_dim=d0, q_len=1, **decode0),
-                CheckCase("tape", "decode-padded", e_dim=d0, q_len=4, masking="padding", **decode0),
-            ]
-    return cases
+def case_shapes(s: CheckShapes, dtype: str, **common) -> tuple[dict, ...]:
+    """CheckCase keywords (with ``common``) of prefill (Lq = Lk, backward; add head_dim), prefill at the first head
+    dim, chunked prefill (Lq = chunk < Lk, backward) and decode (Lk = decode_length, forward; add q_len)."""
+    base = dict(common, dtype=dtype, batch=s.batch, q_heads=s.q_heads, kv_heads=s.kv_heads)
+    prefill = dict(base, q_len=s.length, k_len=s.length, backward=True)
+    return (prefill, dict(prefill, head_dim=s.head_dims[0]),
+            dict(base, q_len=s.chunk, k_len=s.length, backward=True, head_dim=s.head_dims[0]),
+            dict(base, k_len=s.decode_length, backward=False, head_dim=s.head_dims[0]))
+
+
+def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], device: torch.device) -> list[CheckCase]:
+    """Every family's cases, dtype by dtype, for the fast paths that run on ``device`` (the CPU has paths of its
+    own). ``dtypes`` are keys of DTYPES (checked by ``run_selftest``)."""
+    return [c for dt in dtypes for family in families() for c in family.cases(shapes, dt, device)]
 
 
 # --------------------------------------------------------------------------------------------------
@@ -214,13 +189,13 @@ def _inputs(case: CheckCase, gen: torch.Generator) -> tuple[list[torch.Tensor], 
     B, Hq, Hkv, Lq, Lk, D = case.batch, case.q_heads, case.kv_heads, case.q_len, case.k_len, case.head_dim
     tensors = [torch.randn(B, Hq, Lq, D, generator=gen), torch.randn(B, Hkv, Lk, D, generator=gen),
                torch.randn(B, Hkv, Lk, D, generator=gen)]
-    if case.kernel == "tape":
+    if case.e_dim:
         tensors.append(torch.randn(B, Hkv, Lk, case.e_dim, generator=gen))
     extra: dict = {}
     if case.masking == "padding":
         mask = _left_padding(B, Lk)
         extra["key_padding_mask"] = mask
-        if case.kernel != "tape":  # TAPA distances come from positions, counted over real tokens
+        if case.positions:
             k_pos = (mask.long().cumsum(-1) - 1).clamp_min(0)
             extra.update(k_positions=k_pos, q_positions=k_pos[:, Lk - Lq:])
     elif case.masking == "segments":
@@ -232,27 +207,6 @@ def _inputs(case: CheckCase, gen: torch.Generator) -> tuple[list[torch.Tensor], 
 # --------------------------------------------------------------------------------------------------
 # Running one case
 # --------------------------------------------------------------------------------------------------
-
-
-def kernel_functions(kernel: str) -> tuple[Callable, Callable]:
-    """(fast path, reference) of a kernel, looked up now so a monkeypatched kernel is the one checked."""
-    if kernel == "tapa":
-        from ..kernels import tapa
-
-        return tapa.tapa_attention_triton, tapa.tapa_attention_reference
-    if kernel == "tapa_chunked":
-        from ..kernels import tapa
-        from ..kernels.tapa import chunked
-
-        def fast(*args, **kwargs):
-            return chunked.tapa_attention_chunked(*args, block_q=CHUNKED_BLOCK, block_k=CHUNKED_BLOCK, **kwargs)
-
-        return fast, tapa.tapa_attention_reference
-    if kernel == "tape":
-        from ..kernels import tape
-
-        return tape.tape_attention_triton, tape.tape_attention_reference
-    raise ValueError(f"unknown kernel {kernel!r}; pick from {KERNELS}")
 
 
 def row_relative_error(x: torch.Tensor, ref: torch.Tensor, floor: float) -> float:
@@ -295,7 +249,7 @@ FAST_PATH_ONLY = frozenset({"deterministic"})  # options of the kernel's executi
 
 
 def _compare(case: CheckCase, device: torch.device) -> dict[str, float]:
-    fast, reference = kernel_functions(case.kernel)
+    fast, reference = {k: lookup for f in families() for k, lookup in f.KERNELS.items()}[case.kernel]()
     dtype = DTYPES[case.dtype]
     gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()))
     base, extra = _inputs(case, gen)

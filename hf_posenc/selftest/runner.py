@@ -12,16 +12,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
+from hf_posenc_cli.arguments import SELFTEST_SIZES as SIZES  # the command line's --size
 
 from . import checks as checks_mod
 from . import timing as timing_mod
 from .environment import device_name, interpreting, needs_fresh_process, resolve_device, versions
 from .report import SelftestReport, TimingRow
 
-SIZES = ("realistic", "small", "tiny")
 DEFAULT_DTYPES = {"cuda": ("bf16", "fp16"), "cpu": ("fp32", "fp16")}
-CANDIDATE_LABELS = {"tapa_kernel": "TAPA (Triton)", "fused": "TAPE (Triton)", "sdpa_flash_rope": "RoPE (SDPA flash)",
-                    "rope": "RoPE (SDPA flash)"}
 
 
 @dataclass(frozen=True)
@@ -100,15 +98,12 @@ def run_selftest(
                              progress)
         return _run_in_fresh_process(argv, json_path)
 
-    kernels = ("tapa", "tape") + (("tapa_chunked",) if dev.type == "cpu" and checks_mod.chunked_available() else ())
-    cases = checks_mod.build_cases(checks_mod.SHAPES[size], dtypes, kernels) if checks else []
+    cases = checks_mod.build_cases(checks_mod.SHAPES[size], dtypes, dev) if checks else []
     if only:
         cases = [c for c in cases if any(s in c.name for s in only)]
         if checks and not cases:
             raise ValueError(f"no check name contains any of {list(only)}; names look like 'tapa/decode/D128/bf16'")
-    units = [(kernel, mode, n) for n in plan.lengths for kernel, mode in
-             (("tapa", "fwd"), ("tapa", "fwd_bwd"), ("tapa", "decode"), ("tape", "fwd"), ("tape", "fwd_bwd"))
-             ] if timing else []
+    units = [(f, mode, n) for n in plan.lengths for f in checks_mod.families() for mode in f.TIMING] if timing else []
 
     report = SelftestReport(
         device=dev.type, device_name=device_name(dev), interpreter=interpreting(), size=size, dtypes=list(dtypes),
@@ -125,9 +120,9 @@ def run_selftest(
             bar.set_postfix_str(case.name)
             report.checks.append(checks_mod.run_case(case, dev))
             bar.update()
-        for kernel, mode, length in units:
-            bar.set_postfix_str(f"timing {kernel} {mode} L={length}")
-            report.timing.extend(_time_unit(kernel, mode, length, plan, checks_mod.DTYPES[dtypes[0]], dev))
+        for family, mode, length in units:
+            bar.set_postfix_str(f"timing {next(iter(family.KERNELS))} {mode} L={length}")
+            report.timing.extend(_time_unit(family, mode, length, plan, checks_mod.DTYPES[dtypes[0]], dev))
             bar.update()
     report.duration_s = time.perf_counter() - t0
     if json_path is not None:
@@ -143,36 +138,22 @@ def _timing_note(dev: torch.device) -> str:
             "(TRITON_INTERPRET=1) and RoPE runs through the CPU flash SDPA; they only show the timing code works")
 
 
-def _time_unit(kernel: str, mode: str, length: int, plan: TimingPlan, dtype: torch.dtype,
+def _time_unit(family, mode: str, length: int, plan: TimingPlan, dtype: torch.dtype,
                dev: torch.device) -> list[TimingRow]:
-    """Time one (kernel, mode, length); an exception becomes an error row (and fails the selftest)."""
-    group = plan.q_heads // plan.kv_heads
-    batch = plan.decode_batch if mode == "decode" else max(1, plan.tokens // length)
+    """Time one (family, mode, length); an exception becomes an error row (and fails the selftest)."""
+    kernel, batch = next(iter(family.KERNELS)), plan.decode_batch if mode == "decode" else max(1, plan.tokens // length)
     try:
-        if kernel == "tapa":
-            if mode == "decode":
-                rec = timing_mod.bench_decode(batch, plan.q_heads, length, plan.head_dim, dtype, dev, plan.repeats,
-                                              group, warmup=plan.warmup)
-            else:
-                rec = timing_mod.bench_prefill(batch, plan.q_heads, length, plan.head_dim, mode, dtype, dev,
-                                               plan.repeats, group, candidates=("tapa_kernel", "sdpa_flash_rope"),
-                                               warmup=plan.warmup)
-            results, base = rec["results"], rec["results"]["sdpa_flash_rope"]["median_ms"]
-        else:
-            shape = timing_mod.TapeBenchShape(batch=batch, heads=plan.q_heads, kv_heads=plan.kv_heads,
-                                              head_dim=plan.head_dim, e_dim=plan.head_dim, scope="layer")
-            row = timing_mod.bench_tape_length(shape, length, dev, dtype, plan.repeats, modes=(mode,),
-                                               warmup=plan.warmup, candidates=("rope", "fused"))
-            results = row[mode]
-            if "error" in results:
-                return [TimingRow(kernel, mode, length, batch, "-", error=results["error"])]
-            base = results["rope"]["median_ms"]
+        results = family.time_unit(mode, length, batch, plan, dtype, dev)
+        if "error" in results:
+            return [TimingRow(kernel, mode, length, batch, "-", error=results["error"])]
+        results = {family.LABELS.get(name, name): r for name, r in results.items()
+                   if isinstance(r, dict)}  # skips flags such as "fused_meets_target"
+        base = results[timing_mod.ROPE]["median_ms"]
     except Exception as exc:  # noqa: BLE001 -- reported as an error row and a selftest failure
         return [TimingRow(kernel, mode, length, batch, "-", error=f"{type(exc).__name__}: {exc}".strip()[:2000])]
-    return [TimingRow(kernel, mode, length, batch, CANDIDATE_LABELS.get(name, name), median_ms=r["median_ms"],
-                      tflops=r.get("tflops"), tokens_per_s=r.get("tokens_per_s"),
-                      peak_mem_bytes=r.get("peak_mem_bytes"), vs_rope=r["median_ms"] / base)
-            for name, r in results.items() if isinstance(r, dict)]  # skips flags such as "fused_meets_target"
+    return [TimingRow(kernel, mode, length, batch, label, median_ms=r["median_ms"], tflops=r.get("tflops"),
+                      tokens_per_s=r.get("tokens_per_s"), peak_mem_bytes=r.get("peak_mem_bytes"),
+                      vs_rope=r["median_ms"] / base) for label, r in results.items()]
 
 
 # --------------------------------------------------------------------------------------------------

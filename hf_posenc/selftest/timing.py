@@ -23,6 +23,7 @@ import torch
 
 FWD_BWD_FACTOR = 3.5  # backward ≈ 2.5× forward FLOPs
 MODES = ("fwd", "fwd_bwd")
+ROPE = "RoPE (SDPA flash)"  # the baseline's label in the selftest's timing rows (their vs_rope)
 
 
 # --------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """``hf-posenc train RECIPE [dotted.key=value ...] [--resume] [--dry-run]``.
 
-The lead CLI mounts :func:`add_train_arguments` / :func:`run_train`; ``python -m hf_posenc.training.cli`` runs the
-same command stand-alone (what ``accelerate launch`` and ``torchrun`` start in each process).
+``hf-posenc train`` runs :func:`run_train` (its arguments: ``hf_posenc_cli.arguments.add_train_arguments``);
+``python -m hf_posenc.training.cli`` runs the same command stand-alone (what ``accelerate launch`` and ``torchrun``
+start in each process).
 """
 
 from __future__ import annotations
@@ -10,17 +11,6 @@ import argparse
 import json
 import sys
 import warnings
-
-
-def add_train_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``train`` sub-command's arguments to ``parser``."""
-    parser.add_argument("recipe", help="recipe YAML file (see recipes/)")
-    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE",
-                        help="dotted overrides read as YAML, e.g. training.max_steps=10 scheme.clip_low_n=16 "
-                             "(training.* takes any transformers.TrainingArguments field)")
-    parser.add_argument("--resume", action="store_true", help="continue from the newest checkpoint in output.dir")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="validate the recipe, print it with the context-length notes, load no weights")
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -60,9 +50,9 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hf-posenc train", description=__doc__)
-    add_train_arguments(parser)
-    return run_train(parser.parse_intermixed_args(argv))
+    from hf_posenc_cli.arguments import command_parser
+
+    return run_train(command_parser("train").parse_intermixed_args(argv))
 
 
 if __name__ == "__main__":

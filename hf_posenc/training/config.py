@@ -195,7 +195,8 @@ class TrainingSection(TrainingArguments):
     """``transformers.TrainingArguments`` with this project's defaults: 100 steps at 2e-5, cosine, ``adamw_torch``,
     batch 1, a checkpoint every 100 steps (2 kept), a log every step, non-reentrant activation checkpointing, the
     dataset's columns kept, TensorBoard when installed; ``output_dir`` is ``output.dir``, an unset ``data_seed``
-    follows ``seed``.
+    follows ``seed``, an unset ``dataloader_pin_memory`` pins batches only where the run finds an accelerator
+    (elsewhere PyTorch's DataLoader warns that it cannot).
 
     Constructing it checks the values; ``TrainingArguments.__post_init__`` (which sets up devices, the distributed
     state and DeepSpeed, and refuses hardware the machine lacks) runs in :meth:`to_training_arguments` when the run
@@ -214,6 +215,7 @@ class TrainingSection(TrainingArguments):
     save_total_limit: int | None = 2
     logging_steps: float = 1
     remove_unused_columns: bool = False
+    dataloader_pin_memory: bool | None = None
     report_to: None | str | list[str] = field(
         default_factory=lambda: ["tensorboard"] if importlib.util.find_spec("tensorboard") else "none")
 
@@ -243,6 +245,10 @@ class TrainingSection(TrainingArguments):
                   if f.init}
         if values["data_seed"] is None:
             values["data_seed"] = self.seed
+        if values["dataloader_pin_memory"] is None:  # PyTorch's own test before it warns (torch.utils.data)
+            import torch
+
+            values["dataloader_pin_memory"] = torch.accelerator.is_available()
         return TrainingArguments(**{**values, "output_dir": output_dir, **settings})
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers import decoder_layers
+from ..decoder_layers import decoder_layers
 
 
 def shard_fsdp2(model: nn.Module, mesh: Any = None, reshard_after_forward: bool = True) -> nn.Module:

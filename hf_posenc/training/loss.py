@@ -9,7 +9,7 @@ Peak extra memory is one chunk of logits; backward only rescales the stored grad
 
 The family's logit transform is applied per chunk: a scale s (Cohere's ``logit_scale``, Granite's
 ``logits_scaling``), then Gemma2/3's final soft-capping c·tanh(s·z/c), with its derivative s·(1 − tanh²)
-(read from the config by :func:`hf_posenc.layers.output_logit_transform`, applied by ``transform_logits``).
+(read from the config by :func:`hf_posenc.decoder_layers.output_logit_transform`, applied by ``transform_logits``).
 :func:`full_linear_cross_entropy` is the readable reference (one matmul, ``F.cross_entropy``); tests compare both.
 """
 
@@ -18,7 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..layers import transform_logits
+from ..decoder_layers import transform_logits
 
 IGNORE_INDEX = -100
 

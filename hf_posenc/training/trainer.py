@@ -35,7 +35,7 @@ from .distributed import check_adapter_complete, context_parallel_refusal, gathe
 from .distributed import requested_context_parallel_size
 from .sequence_parallel import requested_sequence_parallel_size, resume_past_trained_shards, sequence_parallel_config
 from .sequence_parallel import sequence_parallel_refusal
-from ..layers import output_logit_transform
+from ..decoder_layers import output_logit_transform
 from .loss import chunked_linear_cross_entropy, liger_linear_cross_entropy, shift_for_causal_lm
 
 LOG_FILE = "log.jsonl"
@@ -145,9 +145,6 @@ def wrap_peft(recipe: Recipe, model: torch.nn.Module):
     targeted = bool({"embed_tokens", "lm_head"} & set(config.target_modules))  # PEFT's EMBEDDING_LAYER_NAMES
     peft_model.save_pretrained = functools.partial(peft_model.save_pretrained,
                                                    save_embedding_layers="auto" if targeted else False)
-    name = base_model_name(recipe)
-    if name is not None:  # the checkpoints' adapter_config.json names it too (PEFT: the folder it was loaded from)
-        peft_model.peft_config["default"].base_model_name_or_path = name
     return peft_model
 
 
@@ -213,16 +210,19 @@ def truncate_log(path: str | os.PathLike, last_step: int) -> None:
 
 
 class PosEncTrainer(Trainer):
-    """A Trainer whose loss never materialises the full logits (``loss.implementation`` chunked or liger).
+    """A Trainer whose loss never materialises the full logits (``loss.implementation`` chunked or liger), and whose
+    checkpoints hold an adapter as the run's final one is saved.
 
     The model runs its normal forward (so DDP/FSDP hooks fire) with ``logits_to_keep=1``; a hook on the final
     norm captures the hidden states, and the cross-entropy over them is computed chunk by chunk.
     """
 
     def __init__(self, *args: Any, loss_implementation: str = "chunked", chunk_size: int = 1024,
-                 causal_lm: torch.nn.Module | None = None, scheme_name: str | None = None, **kwargs: Any):
+                 causal_lm: torch.nn.Module | None = None, scheme_name: str | None = None,
+                 base_name: str | None = None, **kwargs: Any):
         super().__init__(*args, **kwargs)
         self.scheme_name = scheme_name
+        self.base_name = base_name
         self.loss_implementation = loss_implementation
         self.chunk_size = chunk_size
         self.causal_lm = causal_lm
@@ -232,6 +232,21 @@ class PosEncTrainer(Trainer):
                 and not self.args.ignore_data_skip):
             resume_past_trained_shards(self, resume_from_checkpoint)
         return super().train(resume_from_checkpoint=resume_from_checkpoint, **kwargs)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The Trainer's save (the model files of a ``checkpoint-N``), then for a PEFT adapter what the run's final
+        one gets (:func:`hf_posenc.adapters.describe_adapter`): the adapter record, ``adapter_config.json`` naming
+        the base as ``base_name`` (:func:`base_model_name`) or else the base's own name, and hf-posenc's model card
+        (``import hf_posenc`` first) instead of PEFT's boilerplate README.md. Done before the Trainer writes the
+        checkpoint's ``trainer_state.json`` (which makes it complete, :func:`last_complete_checkpoint`) or pushes it."""
+        from ..adapters import describe_adapter
+
+        super().save_model(output_dir, _internal_call=_internal_call)
+        folder = Path(self.args.output_dir if output_dir is None else output_dir)
+        model = self.accelerator.unwrap_model(self.model)
+        if (self.args.should_save and hasattr(model, "peft_config") and hasattr(model, "get_base_model")
+                and (folder / "adapter_config.json").is_file()):  # an FSDP sharded state dict saves no adapter
+            describe_adapter(model, folder, base_name=self.base_name)
 
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):  # noqa: D102
         # use_cache=False: Transformers only derives packed-document masks from position ids without a cache.
@@ -376,7 +391,8 @@ def check_launch(trainer: Trainer) -> None:
 
 # Recipe keys a resumed run may change: what is logged, saved or evaluated, never what trains.
 CHANGEABLE_ON_RESUME = ("evaluation.", "training.logging_steps", "training.save_steps", "training.save_total_limit",
-                        "training.report_to", "training.disable_tqdm", "training.dataloader_num_workers")
+                        "training.report_to", "training.disable_tqdm", "training.dataloader_num_workers",
+                        "training.dataloader_pin_memory")
 
 
 def _flat(data: Any, prefix: str = "") -> dict[str, Any]:
@@ -513,6 +529,7 @@ def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
         model=model, args=training_arguments(recipe, parallelism), train_dataset=dataset, data_collator=collate,
         callbacks=[JsonlLogCallback(log_path)], loss_implementation=recipe.loss.implementation,
         chunk_size=recipe.loss.chunk_size, causal_lm=causal_lm, scheme_name=scheme.name,
+        base_name=base_model_name(recipe),
     )
     check_launch(trainer)
     trainer.train(resume_from_checkpoint=last if resume else None)

@@ -36,6 +36,7 @@ except ModuleNotFoundError as exc:  # only a missing Triton package; any other i
     tapa_attention_triton = needs_triton("tapa_attention_triton",
                                          "tapa_attention_chunked / tapa_attention_reference", exc)
 
+LANE_FAMILIES = ("hf_posenc.kernels.tapa.triton_tapa",)  # what the compile lane compiles (compile_lane.FAMILIES)
 __all__ = [
     "tapa_attention",
     "tapa_attention_chunked",

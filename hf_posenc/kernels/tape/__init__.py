@@ -32,6 +32,7 @@ except ModuleNotFoundError as exc:  # only a missing Triton package; any other i
     TRITON_IMPORT_ERROR = triton_missing(exc)
     tape_attention_triton = needs_triton("tape_attention_triton", "tape_attention_reference", exc)
 
+LANE_FAMILIES = ("hf_posenc.kernels.tape.triton_tape",)  # what the compile lane compiles (compile_lane.FAMILIES)
 __all__ = [
     "TapeArgs",
     "tape_attention",

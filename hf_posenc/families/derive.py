@@ -3,9 +3,9 @@
 A model type is derivable when Transformers' Auto mappings give it a config class and a causal-LM class, the config
 declares ``rope_parameters`` (so its rotary module is built from ``ROPE_INIT_FUNCTIONS``) and its modeling module
 defines a text rotary embedding module. :func:`derive` then builds the patched classes with
-:func:`~hf_posenc.patches.base.make_family` and registers them, at first use. Everything a family cannot take is a
+:func:`~hf_posenc.families.base.make_family` and registers them, at first use. Everything a family cannot take is a
 :class:`FamilyRefused` error that names the reason; what differs per family is the short table in
-:mod:`hf_posenc.patches` (``OVERRIDES``).
+:mod:`hf_posenc.families` (``OVERRIDES``).
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ def derive(model_type: str, notes: list[str] | None = None, refusals: dict[str, 
     config_class, model_class = stock_classes(model_type)
     family = make_family(config_class, model_class, __name__, notes, name_prefix=_prefix(config_class, model_class))
     for cls in (family.config_class, family.model_class):
-        globals()[cls.__name__] = cls  # reachable as hf_posenc.patches.derive.<name> (pickling, repr)
+        globals()[cls.__name__] = cls  # reachable as hf_posenc.families.derive.<name> (pickling, repr)
     family.refusals.update(refusals or {})
     return family
 
