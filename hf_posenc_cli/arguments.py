@@ -21,7 +21,7 @@ EVAL_TASKS = ("ppl", "passkey", "needle") + tuple(f"needle_{t}" for t in NEEDLE_
 NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # experiment name -> its module in hf_posenc.experiments and its config in hf_posenc.experiments.cli.CONFIGS
-EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension")
+EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth")
 EXPERIMENT_SIZES = ("toy", "small")
 SELFTEST_SIZES = ("realistic", "small", "tiny")
 SELFTEST_DTYPES = ("bf16", "fp16", "fp32")
@@ -274,7 +274,8 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=EXPERIMENTS, help="which experiment")
     parser.add_argument("--size", choices=EXPERIMENT_SIZES, default="small",
                         help="toy: seconds (smoke test); small: the committed results (default)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per scheme (default 3)")
+    parser.add_argument("--seeds", type=int, default=None,
+                        help="seeds per scheme (default: the experiment's, 3; 10 for prope_gemma_ratio)")
     parser.add_argument("--first-seed", type=int, default=0,
                         help="first seed (default 0); other seeds rerun the experiment to check that it reproduces")
     parser.add_argument("--check-against", metavar="RESULTS_JSON",

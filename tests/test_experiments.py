@@ -6,10 +6,12 @@ behind "cannot be tested at this scale", and the committed reports: each results
 results.json renders to, ends with one line per paper claim, and docs/experiments.md quotes their intervals.
 """
 
+import dataclasses
 import gzip
 import json
 import math
 import os
+import statistics
 import struct
 import subprocess
 import sys
@@ -364,6 +366,115 @@ def test_context_extension_toy_end_to_end(austen, tmp_path):
     assert (out / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+# -- p-RoPE at Gemma's ratio, TAPA by depth (issue #33) ---------------------------------------------------------
+def test_prope_gemma_ratio_toy_end_to_end(austen, tmp_path):
+    from hf_posenc.experiments.config import PropeGemmaRatioConfig
+    from hf_posenc.experiments.runner import slug
+
+    data, out, work = _toy_experiment("prope_gemma_ratio", tmp_path)
+    config = PropeGemmaRatioConfig.preset("toy", seeds=1)
+    assert [r["label"] for r in data["runs"]] == list(config.schemes) == ["RoPE", "p-RoPE 0.75", "p-RoPE 0.25", "NoPE"]
+    assert all(list(r["perplexity"]) == [str(config.context_length)] for r in data["runs"])  # scored at L only
+    saved = json.loads((work / "runs" / slug("p-RoPE 0.75") / "seed0" / "run" / "model" / "config.json").read_text())
+    assert saved["rope_parameters"]["rope_theta"] == config.model.rope_theta == 20  # Gemma's θ / L = 1.22 at L = 16
+    nll = {r["label"]: r["perplexity"][str(config.context_length)]["nll"] for r in data["runs"]}
+    assert len(set(nll.values())) == len(nll)  # each scheme applied: no two rows score alike bit for bit
+    markdown = (out / "results.md").read_text()
+    assert "Setting: θ = 20 at L = 16" in markdown and "| p-RoPE 0.75 |" in markdown
+    starts = ("NoPE has the highest", "0.25-RoPE has a higher", "0.75-RoPE is no worse", "0.75-RoPE has a lower")
+    claims = [c["claim"] for c in data["claims"]][:4]
+    assert len(claims) == 4 and all(c.startswith(s) for c, s in zip(claims, starts)), claims
+    for name in ("heldout_loss.png", "difference_from_rope.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_prope_gemma_ratio_settings_and_what_the_design_can_detect():
+    from hf_posenc.experiments.claims import angle, turns
+    from hf_posenc.experiments.config import PropeGemmaRatioConfig
+    from hf_posenc.experiments.prope_gemma_ratio import P75, paper_claims, paper_relative, sensitivity
+    from hf_posenc.experiments.report import Tests
+    from hf_posenc.experiments.stats import paired, t_quantile
+
+    config = PropeGemmaRatioConfig.preset("small")
+    assert (config.context_length, config.model.rope_theta, config.seeds, config.eval_lengths) == (64, 78, 10, [64])
+    assert config.model.rope_theta / 64 == pytest.approx(10000 / 8192, rel=0.02)
+    stopped = turns(config.schemes[P75], 32, 78, 64)  # omega_i = 78^(-i/16), i = 12..15, times 64
+    assert [angle(a) for a in stopped] == ["2.44", "1.86", "1.41", "1.08"]
+    assert paper_relative(P75) == pytest.approx(math.log(4.4414) / math.log(4.4627) - 1) == pytest.approx(-0.0032,
+                                                                                                            abs=1e-4)
+    # differences 0.002, -0.002, 0.004, 0: mean 0.001, sd 0.002582; se = sd / 2; t_{0.975,3} = 3.182
+    d = paired([1.802, 1.798, 1.804, 1.800], [1.8, 1.8, 1.8, 1.8])
+    se = statistics.stdev([0.002, -0.002, 0.004, 0.0]) / 2
+    s = sensitivity(d, 1.8, paper_relative(P75))
+    assert s["half_width"] == pytest.approx(t_quantile(0.975, 3) * se)
+    assert s["detectable"] == pytest.approx((t_quantile(0.975, 3) + t_quantile(0.8, 3)) * se)
+    assert s["effect"] == pytest.approx(1.8 * paper_relative(P75))  # -0.0058: above the 0.0054 detectable
+    assert s["effect_detectable"]
+    # the claims: NoPE worst and 0.25 worse detected; 0.75 - RoPE within the paper's effect size (non-inferior)
+    rows = {"RoPE": {64: [1.800, 1.810, 1.790, 1.805]}, "p-RoPE 0.75": {64: [1.801, 1.809, 1.791, 1.806]},
+            "p-RoPE 0.25": {64: [1.85, 1.87, 1.84, 1.86]}, "NoPE": {64: [2.35, 2.36, 2.34, 2.35]}}
+    claims = paper_claims(_summary(rows), {"bigram": 2.4}, config, {}, Tests())
+    assert [c.status for c in claims] == ["confirmed", "confirmed", "confirmed", "cannot be tested at this scale"]
+    assert "non-inferiority" in claims[2].reason and "outside the interval" in claims[3].reason
+    # models that do not use context (RoPE not below the bigram floor) test nothing about positions
+    claims = paper_claims(_summary(rows), {"bigram": 1.7}, config, {}, Tests())
+    assert {c.status for c in claims} == {"cannot be tested at this scale"}
+    assert claims[0].reason.startswith("RoPE is not detectably below the bigram floor")
+
+
+def test_tapa_depth_toy_end_to_end(austen, tmp_path):
+    from hf_posenc.experiments.config import TAPA_DEPTH_ARM, TapaDepthConfig
+    from hf_posenc.experiments.runner import slug
+
+    data, out, work = _toy_experiment("tapa_depth", tmp_path)
+    config = TapaDepthConfig.preset("toy", seeds=1)
+    assert [r["label"] for r in data["runs"]] == list(config.arms()) == [
+        config.label(v, d) for d in (1, 2) for v in config.variants]
+    for depth in config.depths:
+        run = work / "runs" / slug(config.label(TAPA_DEPTH_ARM, depth)) / "seed0" / "run"
+        saved = json.loads((run / "model" / "config.json").read_text())
+        assert saved["num_hidden_layers"] == depth and saved["hf_posenc"]["scheme"] == "tapa"
+    losses = {r["label"]: r["losses"] for r in data["runs"]}
+    assert losses["RoPE lr=1e-3, 2 layers"] != losses["RoPE, 2 layers"]  # the arm's learning rate reaches training
+    markdown = (out / "results.md").read_text()
+    assert "| TAPA lr=1e-3 theta=0.75 - RoPE |" in markdown and "| arm | 1 layer | 2 layers |" in markdown
+    assert data["verdict"][-1].startswith("Answer: one run per row")  # one seed: no test, and it says so
+    assert [c["paper"] for c in data["claims"]] == ["TAPA", "TAPA", "Han & Ji (position generalization)"]
+    for name in ("heldout_loss.png", "gap_by_depth.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_tapa_depth_trains_the_sweeps_best_setting_and_reads_the_change_with_depth():
+    from hf_posenc.experiments.config import TAPA_DEPTH_ARM, TapaDepthConfig
+    from hf_posenc.experiments.tapa_depth import answer, gaps
+
+    sweep = json.loads((ROOT / "examples" / "experiments" / "tapa-trainability" / "results.json").read_text())
+    nll = {k: v["64"]["mean"] for k, v in sweep["summary"]["heldout_nll"].items() if k.startswith("TAPA")}
+    config = TapaDepthConfig.preset("small")
+    best = sweep["config"]["variants"][min(nll, key=nll.get)]
+    arm = config.variants[TAPA_DEPTH_ARM]
+    assert (arm.spec, arm.learning_rate, arm.warmup_steps, arm.initializer_range) == \
+        (best["spec"], best["learning_rate"], best["warmup_steps"], best["initializer_range"])
+    assert (config.depths, config.base.train.steps, config.base.seeds) == ((2, 4), 1500, 3)
+    assert config.arms()["RoPE lr=1e-3, 4 layers"][1].num_layers == 4
+    with pytest.raises(ValueError, match="depths"):
+        TapaDepthConfig(base=config.base, depths=(4, 2))
+    # TAPA - RoPE: 0.40, 0.42, 0.38 at 2 layers, 0.20, 0.23, 0.19 at 4: the gap shrinks by about half
+    label = config.label
+    rows = {label("RoPE", 2): {64: [1.80, 1.81, 1.79]}, label(TAPA_DEPTH_ARM, 2): {64: [2.20, 2.23, 2.17]},
+            label("RoPE", 4): {64: [1.70, 1.70, 1.71]}, label(TAPA_DEPTH_ARM, 4): {64: [1.90, 1.93, 1.90]}}
+    small = TapaDepthConfig(base=dataclasses.replace(config.base, eval_multiples=(1,)), depths=(2, 4),
+                            variants={k: config.variants[k] for k in ("RoPE", TAPA_DEPTH_ARM)})
+    summary = _summary(rows)
+    found = gaps(summary, small)[f"{TAPA_DEPTH_ARM} - RoPE"]
+    assert found[2] == pytest.approx({0: 0.40, 1: 0.42, 2: 0.38}) and found[4] == pytest.approx({0: 0.2, 1: 0.23,
+                                                                                                  2: 0.19})
+    text = answer(summary, small)
+    assert text.startswith("Answer: TAPA's gap to RoPE shrinks with depth (-0.193 [")
+    assert "48% of the 2-layer gap" in text and "partly a scale effect" in text
+    assert "still detectably above RoPE" in text
+
+
 # -- reproducibility --------------------------------------------------------------------------------------------
 def test_t_quantiles_match_the_tables():
     from hf_posenc.experiments.reproduce import t_quantile
@@ -542,7 +653,8 @@ def test_rotation_angles_behind_cannot_be_tested():
                                                         "most 0.11 rad over L")
 
 
-COMMITTED = ("length-generalisation", "length-generalisation/reproduction", "tapa-trainability", "context-extension")
+COMMITTED = ("length-generalisation", "length-generalisation/reproduction", "tapa-trainability", "context-extension",
+             "prope-gemma-ratio", "tapa-depth")
 
 
 @pytest.mark.parametrize("folder", COMMITTED)
@@ -572,7 +684,7 @@ def test_committed_reports_end_with_one_line_per_paper_claim(folder):
     assert text.count(CLAIMS_HEADING) == 1
     section = text[text.index(CLAIMS_HEADING):]
     claims = [line for line in section.splitlines() if line.startswith("- ")]
-    assert len(claims) >= 4
+    assert len(claims) >= (3 if folder == "tapa-depth" else 4)  # the depth experiment: two TAPA claims + Han & Ji
     for line in claims:
         status = [s for s in STATUSES if f": **{s}**: " in line]
         assert len(status) == 1, line

@@ -5,6 +5,9 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
 * :mod:`.tapa_trainability`: TAPA's α, θ, phase, learning rate, warm-up and initial scale swept against RoPE/NoPE;
 * :mod:`.context_extension`: a RoPE base pretrained at L, continued at 4L with each scheme, evaluated to 16L and
   by passkey retrieval;
+* :mod:`.prope_gemma_ratio`: RoPE, p-RoPE 0.75 / 0.25 and NoPE at Gemma's θ / L, scored at L (the p-RoPE paper's
+  claim), with what the design can detect;
+* :mod:`.tapa_depth`: the TAPA sweep's best setting against RoPE and NoPE at 2 and 4 layers: does the gap shrink?
 * :mod:`.why`: the position-generalization diagnostics on each experiment's trained models;
   :mod:`.reproduce`: a rerun with other seeds against a committed report;
 * :mod:`.corpus`: Jane Austen's novels from Debian's ``r-cran-janeaustenr`` (read by :mod:`.rdata`), one novel
@@ -20,9 +23,10 @@ This is an application layer: it imports training, evaluation and the core, and 
 """
 
 from .config import (
-    ContextExtensionConfig, LengthGeneralisationConfig, ModelSettings, TapaTrainabilityConfig, TrainSettings, Variant,
+    ContextExtensionConfig, LengthGeneralisationConfig, ModelSettings, PropeGemmaRatioConfig, TapaDepthConfig,
+    TapaTrainabilityConfig, TrainSettings, Variant,
 )
 from .corpus import Corpus, austen_corpus, ngram_entropies
 
-__all__ = ["LengthGeneralisationConfig", "TapaTrainabilityConfig", "ContextExtensionConfig", "Variant", "ModelSettings",
-           "TrainSettings", "Corpus", "austen_corpus", "ngram_entropies"]
+__all__ = ["LengthGeneralisationConfig", "TapaTrainabilityConfig", "ContextExtensionConfig", "PropeGemmaRatioConfig",
+           "TapaDepthConfig", "Variant", "ModelSettings", "TrainSettings", "Corpus", "austen_corpus", "ngram_entropies"]

@@ -63,13 +63,18 @@ def changed_frequencies(spec: str, head_dim: int) -> list[int]:
     return []
 
 
-def turn(spec: str, head_dim: int, rope_theta: float, length: int) -> float:
-    """The largest angle (radians) that any frequency ``spec`` changes turns over ``length`` positions, at the
-    spec's own base θ if it sets one (ABF) and ``rope_theta`` otherwise; 0 if it changes none."""
+def turns(spec: str, head_dim: int, rope_theta: float, length: int) -> list[float]:
+    """The angles (radians) that the frequencies ``spec`` changes turn over ``length`` positions, fastest first,
+    at the spec's own base θ if it sets one (ABF) and ``rope_theta`` otherwise; empty if it changes none."""
     theta = getattr(parse_scheme_spec(spec), "rope_theta", None) or rope_theta
     freqs = frequencies(head_dim, theta)
-    changed = changed_frequencies(spec, head_dim)
-    return max((freqs[i] * length for i in changed), default=0.0)
+    return [freqs[i] * length for i in changed_frequencies(spec, head_dim)]
+
+
+def turn(spec: str, head_dim: int, rope_theta: float, length: int) -> float:
+    """The largest angle (radians) that any frequency ``spec`` changes turns over ``length`` positions
+    (:func:`turns`); 0 if it changes none."""
+    return max(turns(spec, head_dim, rope_theta, length), default=0.0)
 
 
 def reach(spec: str, head_dim: int, rope_theta: float, lengths: dict[str, int]) -> str:
@@ -140,8 +145,9 @@ def claims_section(claims: Sequence[Claim], notes: Sequence[str] = ()) -> list[s
             "", *[f"- {c.line()}" for c in claims], "", *[f"{note}\n" for note in notes]]
 
 
-def han_ji_claim(why: dict[str, Any]) -> Claim:
-    """The position-generalization paper's diagnostics, measured here on small models: descriptive only."""
+def han_ji_claim(why: dict[str, Any], models: str = "2-layer byte models") -> Claim:
+    """The position-generalization paper's diagnostics, measured here on small models (``models``): descriptive
+    only."""
     rope = next((e for label, e in why.items() if e.get("scheme") == "rope" and e.get("disentanglement")), None)
     fit = None if rope is None else rope["disentanglement"]["mean_fake_distance_correlation"]
     measured = "" if fit is None else f" (the first RoPE model here: fake-distance fit correlation {fit:.3f})"
@@ -150,5 +156,5 @@ def han_ji_claim(why: dict[str, Any]) -> Claim:
                  "correlation 0.947 in Llama-3.2; 0.028 at random init) and tolerate position perturbations",
                  UNTESTABLE_SCALE,
                  "the claim is about pretrained Llama-3.2; the diagnostics in the Why section measure the same "
-                 "quantities on 2-layer byte models with one seed, which describes these models and tests nothing of "
+                 f"quantities on {models} with one seed, which describes these models and tests nothing of "
                  f"a pretrained LLM{measured}.")

@@ -13,36 +13,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from .config import SIZES, ContextExtensionConfig, LengthGeneralisationConfig, TapaTrainabilityConfig
+from .config import EXPERIMENT_CONFIGS
 
 # experiment name (also its module, with run(config, out, work, command, progress=...)) -> config class with preset()
-CONFIGS = {c.name: c for c in (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig)}
-
-
-def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add the ``experiment`` sub-command's arguments to ``parser``."""
-    parser.add_argument("name", choices=tuple(CONFIGS), help="which experiment")
-    parser.add_argument("--size", choices=SIZES, default="small",
-                        help="toy: seconds (smoke test); small: the committed results (default)")
-    parser.add_argument("--seeds", type=int, default=3, help="seeds per scheme (default 3)")
-    parser.add_argument("--first-seed", type=int, default=0,
-                        help="first seed (default 0); other seeds rerun the experiment to check that it reproduces")
-    parser.add_argument("--check-against", metavar="RESULTS_JSON",
-                        help="compare the means with a committed results.json of the same experiment (95%% "
-                             "prediction intervals) and write reproducibility.md/.json next to the results")
-    parser.add_argument("--out", help="where results.json/.md/.png go (default out/experiments/NAME-SIZE)")
-    parser.add_argument("--work", help="where runs are trained and cached (default out/experiments/NAME-SIZE/work); "
-                                       "a rerun reuses finished runs with the same settings")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--render-only", action="store_true",
-                        help="train nothing: rewrite results.md (and the verdict, tests and claims in results.json) "
-                             "from the results.json in --out, e.g. a committed report after a change to the report")
+CONFIGS = {c.name: c for c in EXPERIMENT_CONFIGS}
 
 
 def rerun_command(args: argparse.Namespace) -> str:
     """The canonical command line that reproduces this run."""
-    parts = ["hf-posenc", "experiment", args.name, "--size", args.size, "--seeds", str(args.seeds)]
-    for flag, value in (("--first-seed", args.first_seed), ("--check-against", args.check_against),
+    parts = ["hf-posenc", "experiment", args.name, "--size", args.size]
+    for flag, value in (("--seeds", args.seeds), ("--first-seed", args.first_seed), ("--check-against", args.check_against),
                         ("--out", args.out)):
         if value:  # only what differs from the defaults
             parts += [flag, str(value)]
@@ -51,7 +31,7 @@ def rerun_command(args: argparse.Namespace) -> str:
 
 def run_experiment(args: argparse.Namespace) -> int:
     """Run the named experiment; returns the exit status."""
-    if args.seeds < 1:
+    if args.seeds is not None and args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
     default = Path("out") / "experiments" / f"{args.name}-{args.size}"
     out = Path(args.out) if args.out else default
@@ -80,7 +60,8 @@ def run_experiment(args: argparse.Namespace) -> int:
             raise ValueError("--out must differ from the folder of --check-against: the rerun would overwrite the "
                              "committed report it is compared with")
     experiment = importlib.import_module(f"{__package__}.{args.name}")
-    config = CONFIGS[args.name].preset(args.size, seeds=args.seeds, first_seed=args.first_seed)
+    seeds = {} if args.seeds is None else {"seeds": args.seeds}  # None: the experiment's own number
+    config = CONFIGS[args.name].preset(args.size, **seeds, first_seed=args.first_seed)
     payload = experiment.run(config, out, work, rerun_command(args), progress=not args.no_progress)
     print("\n".join(payload["verdict"]))
     print("\n".join(f"{c['paper']}: {c['claim']}: {c['status']}" for c in payload.get("claims") or []))

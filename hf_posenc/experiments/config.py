@@ -12,9 +12,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from hf_posenc_cli.arguments import EXPERIMENT_SIZES as SIZES
+
 from ..schemes.spec import parse_scheme_spec
 
-SIZES: tuple[str, ...] = ("toy", "small")
 
 # label -> scheme spec (see hf_posenc.schemes.spec); NoPE is p-RoPE with p = 0 (no rotated frequency at all)
 LENGTH_GENERALISATION_SCHEMES: dict[str, str] = {
@@ -342,3 +343,138 @@ class ContextExtensionConfig(ExperimentSettings):
                        passkey_multiples=(16,), passkey_depths=(0.5,), passkey_trials=1)
         return cls(**shared, eval_multiples=(1, 2, 4, 8, 16),
                    extend=TrainSettings(steps=250, batch_size=4, learning_rate=1e-3, warmup_steps=25))
+
+
+# p-RoPE at Gemma's ratio (issue #33): Gemma 2B in the p-RoPE paper trains at 8,192 tokens with RoPE base 10,000
+GEMMA_THETA_PER_LENGTH = 10000 / 8192  # 1.22
+PROPE_GEMMA_RATIO_SCHEMES: dict[str, str] = {
+    "RoPE": "rope",
+    "p-RoPE 0.75": "prope:p=0.75",
+    "p-RoPE 0.25": "prope:p=0.25",
+    "NoPE": "prope:p=0",
+}
+PROPE_GEMMA_RATIO_SEEDS = 10  # the preset's seeds when none are given (the command line gives --seeds)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PropeGemmaRatioConfig(LengthGeneralisationConfig):
+    """p-RoPE at Gemma's ratio of RoPE base to training length: the p-RoPE paper's claim (Table 2, Gemma 2B
+    trained from scratch at 8k tokens with θ = 10,000: NoPE worst, 0.25-RoPE worse than 0.75-RoPE, 0.75-RoPE
+    no worse than RoPE, 4.4414 vs 4.4627, -0.5 % in perplexity) is an order *at the training length*, so every
+    row is scored at L only. At θ = 10⁴ and L = 64 the frequencies 0.75-RoPE stops turn 0.064 rad over L and
+    the scheme equals RoPE by construction; here θ is set so that θ / L is Gemma's 10,000 / 8,192 = 1.22.
+
+    Settings, fixed from the paper and the ratio before any run (none tuned on results):
+
+    * θ = round(1.22 · L) = 78 at L = 64 bytes (20 in the toy, L = 16). What the ratio matches is RoPE's slowest
+      frequency ≈ 1/θ: it turns 1.08 rad over L here and 0.88 rad over 8,192 tokens in Gemma 2B. The fastest
+      of the frequencies 0.75-RoPE stops, θ^(-0.75), turns L^0.25 (L/θ)^0.75 radians over L: 2.44 rad here
+      against 8.2 rad in Gemma (head dim 32 here, 256 there): the 4 of 16 stopped frequencies turn 1.08–2.44
+      rad over L (Gemma: 32 of 128, 0.88–8.2 rad). 0.25-RoPE stops 12 of 16, which turn 1.08–21.5 rad.
+    * Rows RoPE, p-RoPE 0.75, p-RoPE 0.25, NoPE (p = 0), as in the paper's Table 2.
+    * Everything else is the length-generalisation preset of the same size (model d = 64, 2 layers, head dim
+      32; 1,000 steps of 16 windows, lr 3e-3, 50 warm-up steps), so RoPE here differs from the committed
+      length-generalisation RoPE by θ alone (and the toy's diagnostics read 256 bytes, to keep CI short).
+    * :data:`PROPE_GEMMA_RATIO_SEEDS` (10) seeds by default (the committed run: ``--seeds 10``; 12 would not leave
+      room in 30 min on 2 shared cores), and 65,536 held-out bytes at L (1,024 windows; more text than the other
+      experiments because the effect in question is a few thousandths of a nat).
+    """
+
+    schemes: dict[str, str] = field(default_factory=lambda: dict(PROPE_GEMMA_RATIO_SCHEMES))
+
+    name = "prope_gemma_ratio"
+
+    @classmethod
+    def preset(cls, size: str, seeds: int | None = None, first_seed: int = 0) -> PropeGemmaRatioConfig:
+        """The length-generalisation preset of ``size`` with θ = round(1.22 · L), scored at L only; ``seeds``
+        defaults to :data:`PROPE_GEMMA_RATIO_SEEDS`. ``small``: about 16 min with 10 seeds on 2 idle CPU cores."""
+        seeds = PROPE_GEMMA_RATIO_SEEDS if seeds is None else seeds
+        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        theta = float(round(GEMMA_THETA_PER_LENGTH * base.context_length))
+        return cls(size=size, context_length=base.context_length, eval_multiples=(1,),
+                   eval_tokens=base.eval_tokens if size == "toy" else 65536, train_chars=base.train_chars,
+                   model=dataclasses.replace(base.model, rope_theta=theta), train=base.train, seeds=seeds,
+                   first_seed=first_seed, diagnostic_tokens=256 if size == "toy" else base.diagnostic_tokens)
+
+
+# TAPA at depth (issue #33): the TAPA sweep's best setting against RoPE (at its own rate and at TAPA's) and NoPE
+TAPA_DEPTH_VARIANTS: dict[str, Variant] = {
+    "RoPE": Variant("rope"),
+    "RoPE lr=1e-3": Variant("rope", learning_rate=1e-3),
+    "TAPA lr=1e-3 theta=0.75": Variant("tapa:theta=0.75", learning_rate=1e-3),
+    "NoPE": Variant("prope:p=0"),
+}
+TAPA_DEPTH_ARM = "TAPA lr=1e-3 theta=0.75"
+
+
+@dataclass(frozen=True)
+class TapaDepthConfig:
+    """Is TAPA's gap to RoPE a property of two-layer models? The TAPA sweep's best setting (the lowest mean at L
+    in ``examples/experiments/tapa-trainability``: θ = 0.75 at lr 1e-3, 2.231 ± 0.014 nats/byte, not detectably
+    different from the paper's θ = 0.5 at the same rate, 2.236 ± 0.019), RoPE at its own learning rate (3e-3)
+    and at TAPA's (1e-3), and NoPE, each trained at every depth of ``depths`` with the same seeds; scored at L
+    (the gap) and 8L (growth).
+
+    Settings, fixed before any run: the length-generalisation preset of the same size (d = 64, head dim 32,
+    L = 64, batch 16, 50 warm-up steps) with ``depths`` = (2, 4) and 1,500 steps in the small preset, 3 seeds by
+    default; the toy: depths (1, 2), 3 steps, diagnostics on 256 bytes. The issue asks for 3,000 steps (the sweep
+    trained 1,000), which does not fit 30 min: measured on 2 idle cores, 200 steps of RoPE take 5.5 s at 2 layers
+    and 9.8 s at 4 (14.2 s at 6), and TAPA costs 1.5x RoPE (the sweep), so 3 seeds of the 4 arms at 2 and 4 layers
+    take about 45 min at 3,000 steps and 23 min at 1,500; 6 layers does not fit either.
+
+    Attributes:
+        base: the length-generalisation settings every arm starts from (its ``num_layers`` is replaced by each
+            depth, its ``train.steps`` by ``steps``).
+        depths: decoder layers of each arm.
+        variants: report label -> arm (scheme and learning rate).
+    """
+
+    base: LengthGeneralisationConfig
+    depths: tuple[int, ...]
+    variants: dict[str, Variant] = field(default_factory=lambda: dict(TAPA_DEPTH_VARIANTS))
+
+    name = "tapa_depth"
+
+    def __post_init__(self) -> None:
+        if not self.depths or any(d < 1 for d in self.depths) or list(self.depths) != sorted(set(self.depths)):
+            raise ValueError(f"depths must be increasing positive layer counts, got {self.depths}")
+        for needed in ("RoPE", TAPA_DEPTH_ARM):
+            if needed not in self.variants:
+                raise ValueError(f"the depth experiment needs a {needed!r} arm")
+
+    @classmethod
+    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapaDepthConfig:
+        """``toy``: seconds (CI); ``small``: the committed experiment (depths 2 and 4, 1,500 steps, about 25 min
+        with 3 seeds on 2 idle CPU cores)."""
+        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        steps, depths = (base.train.steps, (1, 2)) if size == "toy" else (1500, (2, 4))
+        base = dataclasses.replace(base, eval_multiples=(1, 8), train=dataclasses.replace(base.train, steps=steps),
+                                   diagnostic_tokens=256 if size == "toy" else base.diagnostic_tokens)
+        return cls(base=base, depths=depths)
+
+    @staticmethod
+    def layers(depth: int) -> str:
+        """``"1 layer"``, ``"4 layers"``."""
+        return f"{depth} layer" + ("" if depth == 1 else "s")
+
+    @classmethod
+    def label(cls, variant: str, depth: int) -> str:
+        """The report label of ``variant`` at ``depth`` layers: ``"RoPE, 4 layers"``."""
+        return f"{variant}, {cls.layers(depth)}"
+
+    def arms(self) -> dict[str, tuple[str, ModelSettings, TrainSettings]]:
+        """label -> (scheme spec, model settings, optimisation settings), depth by depth."""
+        out = {}
+        for depth in self.depths:
+            model = dataclasses.replace(self.base.model, num_layers=depth)
+            for variant, v in self.variants.items():
+                out[self.label(variant, depth)] = (v.spec, *v.apply(model, self.base.train))
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.name, **dataclasses.asdict(self)}
+
+
+# every experiment's configuration (its name is its module's and the command line's)
+EXPERIMENT_CONFIGS: tuple[type, ...] = (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig,
+                                        PropeGemmaRatioConfig, TapaDepthConfig)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -298,10 +298,12 @@ def run(config: LengthGeneralisationConfig, out: str | Path, work: str | Path, c
 def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
                      out: str | Path, work: str | Path, command: str, *, experiment: str,
                      experiment_config: dict[str, Any], config_object: Any = None, corpus: Corpus | None = None,
-                     progress: bool = True, **_: Any) -> dict[str, Any]:
+                     progress: bool = True, plot: Callable[[Summary, dict[str, float], Path], None] | None = None,
+                     **_: Any) -> dict[str, Any]:
     """Train every arm × seed from scratch on ``config``'s data, evaluate at ``config``'s lengths and write the
     report (``results.json``, and ``results.md`` rendered from it by the ``experiment`` module's ``analyse`` and
-    ``render`` with ``config_object``, the experiment's own settings; ``heldout_loss.png``)."""
+    ``render`` with ``config_object``, the experiment's own settings; ``heldout_loss.png``, or what ``plot``
+    (summary, floors, out) draws instead)."""
     start = time.perf_counter()
     out, work, corpus, prepared = begin(config, out, work, corpus)
     grid = arm_cells(config, arms, prepared, work, experiment=experiment)
@@ -316,6 +318,9 @@ def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[s
                            "held-out cross-entropy in nats per byte (perplexity = exp)", floors, results, elapsed,
                            summary=summary.to_dict(), why=why)
     publish(out, payload, config if config_object is None else config_object)
+    if plot is not None:
+        plot(summary, floors, out)
+        return payload
     plot_summary(summary, out / "heldout_loss.png",
                  f"Trained at L = {config.context_length} bytes ({config.size}, {config.seeds} seeds)", floors,
                  config.context_length)

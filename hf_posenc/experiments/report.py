@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from ..results_io import dumps, pyplot, write_json
-from .config import ContextExtensionConfig, LengthGeneralisationConfig, TapaTrainabilityConfig
-from .runner import Summary, fingerprint
+from .config import EXPERIMENT_CONFIGS
+from .runner import Summary, fingerprint, mean_sd
 from .stats import NO_DIFFERENCE, Difference, phrase, t_quantile
 from .why import why_section
 
 __all__ = ["fmt", "markdown_table", "plot_summary", "write_results", "make_payload", "closing_lines", "Tests",
-           "tied_with_best", "tests_explained", "config_of", "publish", "rerender", "ANALYSIS_FIELDS"]
+           "plot_settings", "tied_with_best", "tests_explained", "config_of", "publish", "rerender", "ANALYSIS_FIELDS"]
 
 # the JSON fields computed from the runs by an experiment's analyse() (rewritten by rerender)
 ANALYSIS_FIELDS = ("verdict", "comparisons", "claims")
@@ -128,7 +128,7 @@ def tests_explained(summary: Summary, level: float = 0.95) -> str:
 def config_of(payload: dict[str, Any]) -> Any:
     """The experiment's configuration, rebuilt from the preset named in ``payload`` (size, seeds, first seed) and
     checked against the payload's fingerprint: rendering never guesses settings."""
-    classes = {c.name: c for c in (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig)}
+    classes = {c.name: c for c in EXPERIMENT_CONFIGS}
     stored = payload["config"]
     base = stored.get("base", stored)
     config = classes[payload["experiment"]].preset(base["size"], seeds=base["seeds"], first_seed=base["first_seed"])
@@ -159,6 +159,42 @@ def plot_summary(summary: Summary, path: str | Path, title: str, floors: dict[st
     ax.set_ylabel("held-out loss (nats / byte)")
     ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, ncol=2)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_settings(series: dict[str, dict[Any, dict[int, float]]], path: str | Path, title: str, xlabel: str,
+                  ylabel: str = "held-out loss (nats / byte)", floors: dict[str, float] | None = None,
+                  zero_line: bool = False, connect: bool = True) -> None:
+    """Values against settings that are not lengths (schemes, depths): ``series`` is name -> setting -> {seed:
+    value}; the settings are categories on the x axis in order of first appearance, each series mean ± sd error
+    bars (joined by a line if ``connect``) with every seed's value as a dot; ``floors`` dashed, ``zero_line`` a
+    solid line at 0 (for differences)."""
+    plt = pyplot()
+    settings = list(dict.fromkeys(x for row in series.values() for x in row))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    width = 0.3 / max(1, len(series) - 1) if len(series) > 1 else 0.0
+    for k, (name, row) in enumerate(series.items()):
+        offset = (k - (len(series) - 1) / 2) * width
+        xs = [settings.index(x) + offset for x in row]
+        stats = [mean_sd(list(values.values())) for values in row.values()]
+        line = ax.errorbar(xs, [m for m, _ in stats], yerr=[s for _, s in stats], marker="o", capsize=3, label=name,
+                           linestyle="-" if connect else "none")
+        for x, values in zip(xs, row.values()):
+            ax.scatter([x] * len(values), list(values.values()), s=9, alpha=0.5, color=line[0].get_color())
+    for name, value in (floors or {}).items():
+        ax.axhline(value, linestyle="--", color="grey", linewidth=1)
+        ax.annotate(f"{name} floor", (0, value), textcoords="offset points", xytext=(2, 3), fontsize=8, color="grey")
+    if zero_line:
+        ax.axhline(0.0, color="black", linewidth=0.8)
+    ax.set_xticks(range(len(settings)), [str(x) for x in settings])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    if len(series) > 1:
+        ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -128,7 +128,10 @@ class Cell:
 
     @property
     def cost(self) -> float:
-        return COST.get(self.spec.split(":")[0], 1.0)
+        """Relative cost for the time estimate: the scheme's (:data:`COST`) times the model's depth (layers / 2,
+        where the settings hold a model)."""
+        layers = getattr(self.settings.get("model"), "num_layers", None)
+        return COST.get(self.spec.split(":")[0], 1.0) * (layers / 2 if layers else 1.0)
 
     def cached(self) -> dict[str, Any] | None:
         path = self.directory / "cell.json"
