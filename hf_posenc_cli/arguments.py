@@ -21,8 +21,9 @@ EVAL_TASKS = ("ppl", "passkey", "needle") + tuple(f"needle_{t}" for t in NEEDLE_
 NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # experiment name -> its module in hf_posenc.experiments and its config in hf_posenc.experiments.cli.CONFIGS
-EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth")
-EXPERIMENT_SIZES = ("toy", "small")
+EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth",
+               "tapa_scale", "tape_arithmetic")
+EXPERIMENT_SIZES = ("toy", "small", "gpu")  # gpu: only the experiments made for a GPU
 SELFTEST_SIZES = ("realistic", "small", "tiny")
 SELFTEST_DTYPES = ("bf16", "fp16", "fp32")
 
@@ -273,7 +274,8 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """``hf-posenc experiment NAME [--size toy|small] ...`` (see hf_posenc.experiments.cli)."""
     parser.add_argument("name", choices=EXPERIMENTS, help="which experiment")
     parser.add_argument("--size", choices=EXPERIMENT_SIZES, default="small",
-                        help="toy: seconds (smoke test); small: the committed results (default)")
+                        help="toy: seconds (smoke test); small: the committed CPU results (default); gpu: the experiments "
+                             "made for a GPU (minutes on one H100)")
     parser.add_argument("--seeds", type=int, default=None,
                         help="seeds per scheme (default: the experiment's, 3; 10 for prope_gemma_ratio)")
     parser.add_argument("--first-seed", type=int, default=0,

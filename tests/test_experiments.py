@@ -23,10 +23,12 @@ import torch
 
 from hf_posenc.experiments.claims import CLAIMS_HEADING, STATUSES
 from hf_posenc.experiments.config import LengthGeneralisationConfig
-from hf_posenc.experiments.corpus import find_janeaustenr, ngram_entropies
+from hf_posenc.experiments.corpus import ngram_entropies
 from hf_posenc.experiments.rdata import RDataError, read_lazyload, unserialize
 from hf_posenc.experiments.runner import mean_sd, scheme_fields
 from hf_posenc.experiments.tokenizer import byte_tokenizer
+
+from experiment_cli import austen, run_cli as _run_cli  # noqa: F401 (austen: a fixture)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -108,22 +110,6 @@ def test_mean_sd_and_scheme_fields():
     small = LengthGeneralisationConfig.preset("small")
     with pytest.raises(ValueError, match="eval_tokens"):
         LengthGeneralisationConfig(**{**small.__dict__, "eval_tokens": 100})
-
-
-@pytest.fixture(scope="module")
-def austen():
-    try:
-        return find_janeaustenr()
-    except FileNotFoundError:
-        subprocess.run(["bash", str(ROOT / "scripts" / "data" / "install_austen.sh")], check=True)
-        return find_janeaustenr()
-
-
-def _run_cli(*args: str) -> subprocess.CompletedProcess:
-    # as a user runs it: a fresh process without the test suite's TRITON_INTERPRET (TAPA takes its CPU path)
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "hf_posenc.cli", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=900)
 
 
 def test_length_generalisation_toy_end_to_end(austen, tmp_path):

@@ -8,6 +8,10 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
 * :mod:`.prope_gemma_ratio`: RoPE, p-RoPE 0.75 / 0.25 and NoPE at Gemma's θ / L, scored at L (the p-RoPE paper's
   claim), with what the design can detect;
 * :mod:`.tapa_depth`: the TAPA sweep's best setting against RoPE and NoPE at 2 and 4 layers: does the gap shrink?
+* :mod:`.tapa_scale`: RoPE and TAPA (the paper's setting and the sweep's θ) at 15M parameters, 8 layers, L = 256, on
+  one GPU (``--size gpu``, the Triton kernel): does the gap hold at a size where TAPA might train?
+* :mod:`.tape_arithmetic`: RoPE and TAPE on reversed-digit addition, trained to 20 digits and tested to 40 (the TAPE
+  paper's Fig. 5), exact-match accuracy by length, on one GPU (``--size gpu``);
 * :mod:`.why`: the position-generalization diagnostics on each experiment's trained models;
   :mod:`.reproduce`: a rerun with other seeds against a committed report;
 * :mod:`.corpus`: Jane Austen's novels from Debian's ``r-cran-janeaustenr`` (read by :mod:`.rdata`), one novel

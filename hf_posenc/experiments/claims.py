@@ -145,6 +145,18 @@ def claims_section(claims: Sequence[Claim], notes: Sequence[str] = ()) -> list[s
             "", *[f"- {c.line()}" for c in claims], "", *[f"{note}\n" for note in notes]]
 
 
+
+def unless_context_is_used(claims: list[Claim], floor: Any, what: str) -> list[Claim]:
+    """``claims`` as they are where RoPE's loss is detectably below the bigram floor (``floor``: RoPE − floor, a
+    :class:`.stats.Difference`); otherwise each one "cannot be tested at this scale": models that hardly use context
+    cannot show ``what`` (e.g. "the order of positional encodings")."""
+    if floor.detected and floor.estimate < 0:
+        return claims
+    lead = (f"RoPE is not detectably below the bigram floor ({floor.interval()}): these models hardly use context, "
+            f"so {what} cannot show; ")
+    return [Claim(c.paper, c.claim, UNTESTABLE_SCALE, lead + c.reason) for c in claims]
+
+
 def han_ji_claim(why: dict[str, Any], models: str = "2-layer byte models") -> Claim:
     """The position-generalization paper's diagnostics, measured here on small models (``models``): descriptive
     only."""

@@ -87,6 +87,11 @@ class TrainSettings:
     warmup_steps: int
     weight_decay: float = 0.01
 
+    def recipe_training(self) -> dict[str, Any]:
+        """Keys of the recipe's ``training`` section these settings add or replace (TrainingArguments fields):
+        none here (CPU, fp32, AdamW's default betas); :class:`AcceleratedTrainSettings` sets some."""
+        return {}
+
 
 @dataclass(frozen=True, kw_only=True)
 class ExperimentSettings:
@@ -181,6 +186,9 @@ class LengthGeneralisationConfig(ExperimentSettings):
                        train_chars=None, model=ModelSettings(64, 192, 2, 2, 32),
                        train=TrainSettings(steps=1000, batch_size=16, learning_rate=3e-3, warmup_steps=50),
                        seeds=seeds, first_seed=first_seed)
+        if size in SIZES:
+            raise ValueError(f"size {size!r} is for the experiments made for a GPU; the CPU experiments run at toy "
+                             "or small: --size small")
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
 
 
@@ -475,6 +483,299 @@ class TapaDepthConfig:
         return {"experiment": self.name, **dataclasses.asdict(self)}
 
 
+@dataclass(frozen=True)
+class AcceleratedTrainSettings(TrainSettings):
+    """:class:`TrainSettings` plus what a GPU run sets: the device, bf16 autocast, AdamW's β2 and a floor under the
+    cosine schedule (the keys go to the recipe's ``training`` section, :meth:`recipe_training`).
+
+    Attributes:
+        adam_beta2: AdamW's β2.
+        min_lr_ratio: the cosine schedule decays to this fraction of the peak (Transformers'
+            ``cosine_with_min_lr``); 0: to zero (the plain ``cosine`` of the other experiments).
+        device: ``"cuda"`` (training and the evaluation after it on the GPU) or ``"cpu"``.
+        bf16: bf16 autocast in training (weights and optimizer state stay fp32, and the evaluation runs in fp32).
+    """
+
+    adam_beta2: float = 0.999
+    min_lr_ratio: float = 0.0
+    device: str = "cpu"
+    bf16: bool = False
+
+    def __post_init__(self) -> None:
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
+        if self.bf16 and self.device != "cuda":
+            raise ValueError("bf16 autocast is for a CUDA run (device='cuda')")
+        if not 0 <= self.min_lr_ratio < 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1), got {self.min_lr_ratio}")
+        if not 0 < self.adam_beta2 < 1:
+            raise ValueError(f"adam_beta2 must be in (0, 1), got {self.adam_beta2}")
+
+    def recipe_training(self) -> dict[str, Any]:
+        """Device, precision, β2 and schedule; no checkpoint (a run is cached whole, its final model saved by the
+        trainer; a checkpoint of a 15M-parameter model with its optimizer state is 190 MB a run)."""
+        out: dict[str, Any] = {"use_cpu": self.device == "cpu", "bf16": self.bf16, "adam_beta2": self.adam_beta2,
+                               "save_strategy": "no"}
+        if self.min_lr_ratio > 0:
+            out.update(lr_scheduler_type="cosine_with_min_lr", lr_scheduler_kwargs={"min_lr_rate": self.min_lr_ratio})
+        return out
+
+
+# TAPA at about 15M parameters (issue #33 §3): RoPE at its learning rate, TAPA at a third of it with the paper's
+# setting and with the sweep's best θ (TAPA_DEPTH_ARM's spec)
+TAPA_SCALE_LEARNING_RATE = 1e-3  # RoPE's: nanoGPT's character-level "baby GPT" (d = 384, 6 heads of 64, L = 256)
+TAPA_SCALE_RATE_DIVISOR = 3  # TAPA's rate = RoPE's / 3 (the issue: a third to a fifth; the 2-layer sweep's best)
+TAPA_SCALE_VARIANTS: dict[str, Variant] = {
+    "RoPE": Variant("rope"),
+    "TAPA paper": Variant("tapa", learning_rate=TAPA_SCALE_LEARNING_RATE / TAPA_SCALE_RATE_DIVISOR),
+    "TAPA theta=0.75": Variant(TAPA_DEPTH_VARIANTS[TAPA_DEPTH_ARM].spec,
+                               learning_rate=TAPA_SCALE_LEARNING_RATE / TAPA_SCALE_RATE_DIVISOR),
+}
+TAPA_SCALE_SEEDS = 3  # the preset's seeds when none are given
+TAPA_SCALE_STEPS = 200  # the gpu preset's optimizer steps (the budget: TapaScaleConfig's docstring)
+
+
+@dataclass(frozen=True)
+class TapaScaleConfig:
+    """TAPA at a size where it might train (issue #33 §3): does the TAPA − RoPE gap of the 0.1M-parameter byte
+    models (+0.4 nats/byte at 2 and 4 layers, ``examples/experiments/tapa-depth``) hold at about 15M parameters?
+    A byte-level Llama of 8 layers, d = 384, 6 heads of 64 (15.4M parameters, 15.3M without the embeddings),
+    trained from scratch at L = 256 on CUDA (TAPA through its Triton kernel, bf16 autocast), scored at L, 2L, 4L,
+    8L and 16L (4,096 bytes) on the held-out novel.
+
+    Settings, fixed from the paper, the issue and the earlier experiments before any run (none tuned on results):
+
+    * Arms (:data:`TAPA_SCALE_VARIANTS`): RoPE at lr 1e-3; TAPA with the paper's setting (α = 0.1, θ = 0.5,
+      quadratic phase, §4.1) and with θ = 0.75 (the 2-layer sweep's best,
+      :data:`TAPA_DEPTH_ARM`), both at a third of RoPE's rate, 3.3e-4. The issue asks for a third to a fifth (the
+      paper: RoPE 1e-4, TAPA 2e-5, a fifth); a third is the ratio of the sweep's best TAPA rate to RoPE's (1e-3
+      against 3e-3; a tenth, 3e-4, was worse), the end of the range least likely to under-train TAPA in few
+      steps. RoPE's 1e-3 is nanoGPT's for its character-level "baby GPT" (6 layers, d = 384, 6 heads of 64,
+      context 256, batch 64 × 256: this model with 6 layers instead of 8), whose batch is also the one here.
+      NoPE (the control) does not fit the budget: a fourth arm adds three runs.
+    * Optimisation, from the paper (§4.1) for every arm: AdamW with β2 = 0.95 and no weight decay, a linear
+      warm-up over 2.5 % of the steps (5k of 200k there), then cosine decay to 0.1 × the peak; batch 64 windows of
+      256 bytes (16,384 bytes a step), :data:`TAPA_SCALE_STEPS` steps (3.3M bytes, 0.9 epoch of the 3.56M training
+      bytes); initial weight std 0.02 and RoPE base 10,000 (θ / L = 39; the paper's RoPE: 5e5 at 8k, 61).
+    * 3 seeds (:data:`TAPA_SCALE_SEEDS`), compared paired by seed: with n = 3 (t = 4.30, df = 2) a difference is
+      detected when it exceeds 2.5 × the sd of its per-seed values (3.1 × for 80 % power), so a gap of 0.4
+      nats/byte is detected if the per-seed gaps' sd is below 0.16 (below 0.13 for 80 % power; it was 0.07 and
+      0.02 at 2 and 4 layers); with 2 seeds (t = 12.7) it would have to be below 0.045 (0.040).
+    * Evaluation: the first 16,384 held-out bytes (64 windows at L, 4 at 16L), the other experiments' amount
+      (Persuasion has 467k); diagnostics (on the CPU, first seeds) on the first 512 bytes.
+
+    The budget (one H100 shared with two other jobs, about half of it; the whole run within about 3 min) is an
+    estimate, not a measurement. Compute is small: 6·N·tokens = 6 × 15.4M × 3.3M ≈ 3.0e14 FLOP a run, 2.7e15
+    for the 9 runs, about 18 s at an assumed 150 TFLOP/s (half of an H100's 989 dense bf16 at 30 % utilisation,
+    d = 384 matmuls). The per-step overhead of the framework dominates: measured on 2 CPU cores for this
+    model's structure at tiny widths (8 layers of 6 heads, batch 1, so hardly any arithmetic), 26 ms a step
+    for RoPE and 51 ms for TAPA's chunked CPU path; assumed on the GPU host 50 ms a step for RoPE and 65 ms for
+    TAPA (launches, the kernels' host-side planning, a shared GPU), i.e. 10 s and 13 s for 200 steps, plus
+    about 3 s a run (model, Trainer, save, the 124 evaluation windows) and about 30 s once (imports, the text,
+    diagnostics on the CPU: 512 bytes, 2 × 13 s for 1,024 bytes on 1 core here, report):
+    3 × 13 + 6 × 16 + 30 ≈ 165 s. The Triton kernels' compilation (forward and fused backward in bf16 and the
+    evaluation's fp32 forward, per θ: 2–5 s each, about 10 s a θ, measured with the compile lane for sm_90 at
+    D = 64 on 1 core here) runs in background processes while the RoPE runs train
+    (:func:`hf_posenc.experiments.tapa_scale.warm_up`); what it does not hide adds to the estimate. Each finished
+    run is cached in the work folder, so a rerun of the same command resumes (the progress bar shows the time
+    left).
+
+    ``toy``: the same arms and settings on a 2-layer model (d = 32, head dim 16) at L = 16, 3 steps on the CPU,
+    for CI. ``small`` is refused: the CPU experiments on this question are ``tapa_depth`` and
+    ``tapa_trainability``.
+
+    Attributes:
+        base: the data, evaluation, model, optimisation and seeds every arm shares (its ``schemes`` are the arms'
+            specs).
+        variants: report label -> arm (scheme spec and learning rate).
+    """
+
+    base: LengthGeneralisationConfig
+    variants: dict[str, Variant] = field(default_factory=lambda: dict(TAPA_SCALE_VARIANTS))
+
+    name = "tapa_scale"
+
+    def __post_init__(self) -> None:
+        if "RoPE" not in self.variants or not self.tapa_arms:
+            raise ValueError("the scale experiment needs a 'RoPE' arm and at least one TAPA arm")
+
+    @property
+    def tapa_arms(self) -> list[str]:
+        """The labels of the TAPA arms, in order."""
+        return [label for label, v in self.variants.items() if parse_scheme_spec(v.spec).name == "tapa"]
+
+    @classmethod
+    def preset(cls, size: str, seeds: int | None = None, first_seed: int = 0) -> TapaScaleConfig:
+        """``gpu``: the experiment (one CUDA GPU, about 3 min on a shared H100 with 3 seeds); ``toy``: seconds on
+        the CPU (CI). ``small`` is refused, naming ``--size gpu``."""
+        seeds = TAPA_SCALE_SEEDS if seeds is None else seeds
+        shared = dict(eval_multiples=(1, 2, 4, 8, 16), seeds=seeds, first_seed=first_seed,
+                      schemes={label: v.spec for label, v in TAPA_SCALE_VARIANTS.items()})
+        optimiser = dict(batch_size=64, learning_rate=TAPA_SCALE_LEARNING_RATE, weight_decay=0.0, adam_beta2=0.95,
+                         min_lr_ratio=0.1)
+        if size == "gpu":
+            steps = TAPA_SCALE_STEPS
+            base = LengthGeneralisationConfig(
+                size="gpu", context_length=256, eval_tokens=16384, train_chars=None,
+                model=ModelSettings(384, 1152, 8, 6, 64), diagnostic_tokens=512,
+                train=AcceleratedTrainSettings(steps=steps, warmup_steps=-(-steps // 40), device="cuda", bf16=True,
+                                               **optimiser), **shared)
+        elif size == "toy":
+            base = LengthGeneralisationConfig(
+                size="toy", context_length=16, eval_tokens=512, train_chars=4096,
+                model=ModelSettings(32, 64, 2, 2, 16), diagnostic_tokens=256,
+                train=AcceleratedTrainSettings(steps=3, warmup_steps=1, **{**optimiser, "batch_size": 4}), **shared)
+        elif size in SIZES:
+            raise ValueError(f"tapa_scale has no {size!r} size: its model (15M parameters, 8 layers, L = 256) is "
+                             "made for one GPU; run it with --size gpu on a CUDA machine (about 3 min on an H100), "
+                             "or --size toy (a CPU smoke test, seconds). On the CPU, tapa_depth and tapa_trainability "
+                             "(--size small) ask the same question at 0.1M parameters.")
+        else:
+            raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+        return cls(base=base)
+
+    def arms(self) -> dict[str, tuple[str, ModelSettings, TrainSettings]]:
+        """label -> (scheme spec, model settings, optimisation settings)."""
+        return {label: (v.spec, *v.apply(self.base.model, self.base.train)) for label, v in self.variants.items()}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.name, **dataclasses.asdict(self)}
+
+
+# TAPE on reversed-digit addition (issue #33 §3): the TAPE paper's arithmetic experiment (appendix C, Fig. 5)
+TAPE_ARITHMETIC_SCHEMES: dict[str, str] = {"RoPE": "rope", "TAPE": "tape"}
+# the gpu preset's budget per seed: its two runs took 22-37 s each on an H100 shared with two other jobs (measured)
+GPU_SECONDS_PER_SEED = 75.0
+TAPE_ARITHMETIC_SEEDS = 3  # the preset's seeds when none are given
+
+
+@dataclass(frozen=True, kw_only=True)
+class TapeArithmeticConfig:
+    """TAPE against RoPE on addition, as the TAPE paper's appendix C (Fig. 5): trained on operands of 1 to 20
+    digits, tested on every pair of operand lengths up to 40, exact-match accuracy by length and over the
+    heatmap (the paper: RoPE 26.12 %, TAPE 41.42 %). Data, training and scoring: :mod:`.tape_arithmetic`.
+
+    From the paper (§4.1, appendix B Table 5, appendix C) and McLeish et al. (2024), whose data and format it uses,
+    fixed before any run:
+
+    * data: ``a+b=c`` with the operands and the sum least significant digit first, one token a digit; operand
+      lengths (i, j) from 1 to 20, every pair equally often (McLeish et al.'s bucket method), each operand uniform
+      over the numbers of exactly that many digits; the loss on the answer only (their ``mask_before_equals``);
+    * test: every (i, j) up to 40 digits (2 x, as Fig. 5), exact match of the whole answer, the average over the
+      40 x 40 heatmap (and here also by the longer operand's length, and inside / beyond the training lengths);
+    * optimisation: AdamW, batch 512 problems, no attention dropout, the same learning rate for both arms; TAPE
+      with the paper's I = 4 x heads (the scheme's default), RoPE base 10,000, head dim 64 as in the paper's model.
+
+    Scaled down because the whole ``--size gpu`` run (data, 6 runs, scoring, report) must fit in about 3 min on
+    half of one H100 (shared with another small training job and a kernel test):
+
+    * model: d = 256, 4 layers, 4 heads of 64, MLP 512 (the paper's ratio 2 x d), 2.6M parameters, against the
+      paper's d = 1024, 16 layers, 16 heads, MLP 2048 (about 120M): a 16-layer model's per-step time alone
+      (kernel launches) would leave a few hundred steps;
+    * steps: 800 (the paper: 20k, and "convergence in less than half the steps" for this 20/40 setting), so 410k
+      problems a run, against its 10M (of 20M in the bucket-40 data set);
+    * learning rate 1e-3 (the paper: 1e-4 for its 120M model over 20k steps): with 25 x fewer steps and a model
+      45 x smaller, 1e-4 would hardly move the weights; 1e-3 is the usual rate at a few million parameters (the
+      project's 2-layer experiments train at 1e-3 to 3e-3), and it is the same for both arms, chosen before any
+      run; linear warm-up over 5 % of the steps then cosine decay, weight decay 0.01, gradient clipping at 1
+      (the project's and the Trainer's defaults; the paper gives none of them);
+    * test problems: 20 per (i, j) pair (32,000; the paper: 100 per pair), the same problems for every run, so
+      each length n (the longer operand) is (2n - 1) x 20 problems and the heatmap average 32,000;
+    * seeds: 3 per arm (t = 4.30 with 2 degrees of freedom: a difference is detected when it exceeds about 2.5 x
+      the sd of its per-seed values); bf16 autocast on CUDA (fp32 on the CPU); TAPE through SDPA (its default
+      ``backend='auto'``): its fused Triton kernel is opt-in (``tape:backend=triton``) and would spend seconds
+      of JIT compilation on a fresh machine to save nothing on sequences of at most 124 tokens.
+
+    The budget, an estimate, not a measurement (no GPU here). A CPU timing does not scale to it: one step of this
+    model takes 23 s on the 2 CPU cores here (5e11 FLOP, 6 x 2.6M parameters x 512 x 64 tokens, at ~20 GFLOP/s),
+    which half an H100 runs in 5-15 ms (with TAPE's fp32 state arithmetic, a few GB of memory traffic a step), so
+    the step is bound by its host side: about 690 PyTorch operations a step for RoPE and 1,120 for TAPE
+    (forward, backward and optimizer, top level, counted with the profiler on the CPU under bf16 autocast) at
+    about 20 µs each, plus the Trainer's bookkeeping and the batch. Assumed 20 ms a step for RoPE and 30 ms for
+    TAPE, so 16 s and 24 s for 800 steps, about 3 s a run besides (data, model, Trainer, CUDA warm-up, scoring
+    32,000 problems in 32 batches, the report) and 15-20 s once (imports, CUDA, the plots): 3 x (16 + 24 + 6) +
+    20 = 158 s. ``budget_seconds`` (150 s, counted from the start of the experiment, after the imports) stops
+    the run from starting a seed whose two runs would not fit, by the times measured so far; the report then says
+    which seeds are missing, and a rerun of the command adds them (finished runs are cached in the work folder).
+
+    ``toy``: 3-digit training and 6-digit tests, a 2-layer d = 32 model, 4 steps on the CPU (seconds, for CI).
+    ``small`` is refused: on 2 CPU cores no model learns 20-digit addition in the minutes a ``small`` run takes.
+
+    Attributes:
+        size: the preset's name.
+        train_digits: the longest training operand (20).
+        test_digits: the longest test operand (40).
+        model: the decoder.
+        train: the optimisation (``batch_size`` problems a step).
+        eval_samples: held-out problems per operand-length pair (i, j).
+        schemes: report label -> scheme spec; must hold ``RoPE`` and ``TAPE``.
+        seeds: seeds per arm; first_seed: the first.
+        budget_seconds: the experiment's time budget from its start (``None``: none): a seed whose runs would
+            not fit, by the times measured so far, is not started.
+    """
+
+    size: str
+    train_digits: int
+    test_digits: int
+    model: ModelSettings
+    train: TrainSettings
+    eval_samples: int
+    schemes: dict[str, str] = field(default_factory=lambda: dict(TAPE_ARITHMETIC_SCHEMES))
+    seeds: int = TAPE_ARITHMETIC_SEEDS
+    first_seed: int = 0
+    budget_seconds: float | None = None
+
+    name = "tape_arithmetic"
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.train_digits < self.test_digits:
+            raise ValueError(f"need 1 <= train_digits < test_digits, got {self.train_digits} and {self.test_digits}")
+        if self.seeds < 1 or self.first_seed < 0 or self.eval_samples < 1:
+            raise ValueError("seeds and eval_samples must be >= 1 and first_seed >= 0")
+        if set(self.schemes) != {"RoPE", "TAPE"}:
+            raise ValueError(f"the arithmetic experiment compares a 'RoPE' and a 'TAPE' arm, got {list(self.schemes)}")
+        for spec in self.schemes.values():
+            parse_scheme_spec(spec)  # an unknown scheme or option fails here, before any training
+
+    @property
+    def seed_list(self) -> list[int]:
+        return list(range(self.first_seed, self.first_seed + self.seeds))
+
+    @property
+    def lengths(self) -> list[int]:
+        """The test lengths n (digits of the longer operand), 1 … ``test_digits``."""
+        return list(range(1, self.test_digits + 1))
+
+    @property
+    def max_sequence_length(self) -> int:
+        """Tokens of the longest test problem: a, +, b, =, a sum one digit longer, EOS."""
+        return 3 * self.test_digits + 4
+
+    @classmethod
+    def preset(cls, size: str, seeds: int | None = None, first_seed: int = 0) -> TapeArithmeticConfig:
+        """``gpu``: the experiment (one CUDA GPU; about 2.6 min estimated on half an H100); ``toy``: seconds on the
+        CPU (CI); ``small`` is refused, naming ``--size gpu``."""
+        seeds = TAPE_ARITHMETIC_SEEDS if seeds is None else seeds
+        if size == "gpu":
+            return cls(size=size, train_digits=20, test_digits=40, model=ModelSettings(256, 512, 4, 4, 64),
+                       train=TrainSettings(steps=800, batch_size=512, learning_rate=1e-3, warmup_steps=40),
+                       eval_samples=20, seeds=seeds, first_seed=first_seed,
+                       budget_seconds=GPU_SECONDS_PER_SEED * seeds)
+        if size == "toy":
+            return cls(size=size, train_digits=3, test_digits=6, model=ModelSettings(32, 64, 2, 2, 16),
+                       train=TrainSettings(steps=4, batch_size=8, learning_rate=1e-3, warmup_steps=1),
+                       eval_samples=2, seeds=seeds, first_seed=first_seed)
+        if size in SIZES:
+            raise ValueError(f"tape_arithmetic has no {size!r} size: learning 20-digit addition needs a GPU; run it "
+                             "with --size gpu on a CUDA machine (an estimated 2.6 min on half an H100), or --size "
+                             "toy (a CPU smoke test, seconds)")
+        raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.name, **dataclasses.asdict(self)}
+
+
 # every experiment's configuration (its name is its module's and the command line's)
 EXPERIMENT_CONFIGS: tuple[type, ...] = (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig,
-                                        PropeGemmaRatioConfig, TapaDepthConfig)
+                                        PropeGemmaRatioConfig, TapaDepthConfig, TapaScaleConfig,
+                                        TapeArithmeticConfig)

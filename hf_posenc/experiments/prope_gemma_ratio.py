@@ -22,6 +22,7 @@ from typing import Any
 
 from .claims import (
     CONFIRMED, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, angle, changed_frequencies, han_ji_claim, turns,
+    unless_context_is_used,
 )
 from .config import GEMMA_THETA_PER_LENGTH, PropeGemmaRatioConfig
 from .corpus import Corpus
@@ -208,11 +209,8 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: PropeGemmaR
             "p-RoPE", "0.75-RoPE has a lower perplexity than RoPE at the training length (Wiki 4.4414 vs 4.4627, "
             "-0.5 %; it 'even seems to improve')", status, reason + "."))
     if REFERENCE in rows:
-        floor = summary.diff(REFERENCE, floors["bigram"], L)
-        if not (floor.detected and floor.estimate < 0):
-            lead = (f"RoPE is not detectably below the bigram floor ({floor.interval()}): these models hardly use "
-                    "context, so the order of positional encodings cannot show; ")
-            out = [Claim(c.paper, c.claim, UNTESTABLE_SCALE, lead + c.reason) for c in out]
+        out = unless_context_is_used(out, summary.diff(REFERENCE, floors["bigram"], L),
+                                     "the order of positional encodings")
     if why:
         out.append(han_ji_claim(why))
     return out

@@ -80,6 +80,7 @@ def build_recipe(config: ExperimentSettings, prepared: dict[str, Any], *, scheme
             "per_device_train_batch_size": train.batch_size, "activation_checkpointing": False,
             "save_steps": train.steps + 1, "save_total_limit": 1, "logging_steps": max(1, train.steps // 20),
             "use_cpu": True, "seed": seed, "disable_tqdm": True,
+            **train.recipe_training(),  # e.g. CUDA with bf16 autocast, Adam's β2 (AcceleratedTrainSettings)
         },
         "loss": {"implementation": "chunked", "chunk_size": 4096},
         "output": {"dir": output_dir, "save_tokenizer": False},
@@ -124,7 +125,10 @@ class Cell:
     seed: int
     directory: Path
     settings: dict[str, Any]
-    make_recipe: Callable[[str], Any]  # output_dir -> recipe
+    make_recipe: Callable[[str], Any] | None  # output_dir -> recipe (None when ``execute`` is given)
+    # cell directory -> result (what train_and_evaluate returns, any keys): a cell that is not a text recipe, such
+    # as a custom dataset with its own evaluation (tape_arithmetic); cached and fingerprinted like the others
+    execute: Callable[[Path], dict[str, Any]] | None = None
 
     @property
     def cost(self) -> float:
@@ -149,7 +153,10 @@ class Cell:
         if self.directory.exists():
             shutil.rmtree(self.directory)
         self.directory.mkdir(parents=True)
-        out = train_and_evaluate(self.make_recipe(str(self.directory / "run")), self.directory / "train.log")
+        if self.execute is not None:
+            out = self.execute(self.directory)
+        else:
+            out = train_and_evaluate(self.make_recipe(str(self.directory / "run")), self.directory / "train.log")
         result = {"label": self.label, "spec": self.spec, "seed": self.seed, "fingerprint": fingerprint(self.settings),
                   **out}
         (self.directory / "cell.json").write_text(json.dumps(result, indent=2))

@@ -10,6 +10,7 @@ import torch
 
 from ..compiled import compiled_inference, opaque_op
 from ..masks import written_keys
+from ..precision import autocast_inputs
 
 
 def _positions(position_ids: torch.Tensor | None, key_padding: torch.Tensor | None, batch: int, q_len: int,
@@ -42,6 +43,7 @@ def tapa_attention_forward(
         raise ValueError("tapa: attention-logit soft-capping (Gemma2) does not apply to TAPA scores; set "
                          "config.attn_logit_softcapping = None before patching.")
     attend = tapa_attend.op if compiled_inference() else tapa_attend
+    query, key, value = autocast_inputs(query, key, value)  # as autocast casts SDPA's inputs
     out = attend(query, key, value, attention_mask, position_ids, float(options["alpha"]), float(options["theta"]),
                  options["phase"], options["backend"], sliding_window)
     return out, None

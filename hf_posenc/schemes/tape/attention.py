@@ -11,6 +11,7 @@ from torch import nn
 from ...upstream import attn_implementation, family_eager_attention
 from ..compiled import compiled_inference, opaque_op
 from ..masks import written_keys
+from ..precision import autocast_inputs
 from .one_map import attend_values_and_states
 
 ATTN_NAME = "hf_posenc_tape"  # the fused kernel's attention function (backend="triton")
@@ -171,6 +172,7 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
     if dropout and module.training:
         raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
     attend = tape_fused_attend.op if compiled_inference() else tape_fused_attend
+    query, key, value = autocast_inputs(query, key, value)  # as autocast casts SDPA's inputs
     return attend(query, key, value, attention_mask, position_ids, scaling), None
 
 
