@@ -276,20 +276,6 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_autocast_attention.py::test_mixed_dtypes_under_autocast_run_in_the_autocast_dtype[tapa]",),
         "under autocast the attention inputs take autocast's dtype, as SDPA's do (fp32 q/k beside a bf16 v on CUDA)",
     ),
-    Mutation(
-        "tapa-kernel-series-cubic-coefficient-wrong", "hf_posenc/kernels/tapa/triton_tapa.py",
-        "    c3 = c2 * (alpha - 2.0) * 0.3333333333333333",
-        "    c3 = c2 * (alpha - 2.5) * 0.3333333333333333",
-        ("tests/test_tapa_kernel.py::test_far_tiles_take_the_series_for_the_distance_power[keys-before-0.1]",),
-        "far tiles' d^α by the binomial series: C(α, 3) = C(α, 2)·(α − 2)/3",
-    ),
-    Mutation(
-        "tapa-kernel-series-ignores-the-sign-of-the-distances", "hf_posenc/kernels/tapa/triton_tapa.py",
-        "        x = (diff - centre) * (1.0 / centre)",
-        "        x = (diff - centre) * (1.0 / mag)",
-        ("tests/test_tapa_kernel.py::test_far_tiles_take_the_series_for_the_distance_power[keys-after-0.1]",),
-        "far tiles' d^α by the binomial series: x = (q − k − c)/c for keys after the queries too (c < 0)",
-    ),
     # -- CoPE (§4.2 eq. 10) and HardClip ---------------------------------------------------------------------------
     Mutation(
         "cope-taper-linear-in-theta-not-in-the-index", "hf_posenc/schemes/cope/config.py",

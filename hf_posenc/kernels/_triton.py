@@ -252,13 +252,10 @@ def log2(x, FAST: tl.constexpr):
 
 @triton.jit
 def cos_turns(t, FAST: tl.constexpr):
-    """cos(2π·t) for t in turns: exact reduction r = t − rint(t) ∈ [-½, ½], then cos(2π·r). On CUDA rint(t) is
-    (t + 1.5·2^23) − 1.5·2^23 (two adds on the FMA pipe, round to nearest even for |t| < 2^22, where a round
-    instruction would take a slot of the special-function pipe that cos itself needs)."""
+    """cos(2π·t) for t in turns: exact reduction r = t − rint(t) ∈ [-½, ½], then cos(2π·r)."""
     if FAST:
         return tl.inline_asm_elementwise(
-            "{ .reg .f32 n, r; add.f32 n, $1, 0f4B400000; sub.f32 n, n, 0f4B400000; sub.f32 r, $1, n; "
-            "mul.f32 r, r, 0f40C90FDB; "
+            "{ .reg .f32 n, r; cvt.rni.f32.f32 n, $1; sub.f32 r, $1, n; mul.f32 r, r, 0f40C90FDB; "
             "cos.approx.ftz.f32 $0, r; }",
             "=r,r", [t], dtype=tl.float32, is_pure=True, pack=1)
     else:
@@ -268,11 +265,10 @@ def cos_turns(t, FAST: tl.constexpr):
 
 @triton.jit
 def cos_sin_turns(t, FAST: tl.constexpr):
-    """(cos(2π·t), sin(2π·t)) for t in turns, one shared exact range reduction (rint as in `cos_turns`)."""
+    """(cos(2π·t), sin(2π·t)) for t in turns, one shared exact range reduction."""
     if FAST:
         return tl.inline_asm_elementwise(
-            "{ .reg .f32 n, r; add.f32 n, $2, 0f4B400000; sub.f32 n, n, 0f4B400000; sub.f32 r, $2, n; "
-            "mul.f32 r, r, 0f40C90FDB; "
+            "{ .reg .f32 n, r; cvt.rni.f32.f32 n, $2; sub.f32 r, $2, n; mul.f32 r, r, 0f40C90FDB; "
             "cos.approx.ftz.f32 $0, r; sin.approx.ftz.f32 $1, r; }",
             "=r,=r,r", [t], dtype=(tl.float32, tl.float32), is_pure=True, pack=1)
     else:

@@ -15,8 +15,7 @@ KERNELS = {  # the chunked CPU path is checked on CPU only
                                                block_k=CHUNKED_BLOCK), tapa.tapa_attention_reference),
 }
 TIMING = ("fwd", "fwd_bwd", "decode")
-LABELS = {"tapa_kernel": "TAPA (Triton)", "tapa_kernel_exact": "TAPA (Triton, exact d^α)",  # the series off
-          "sdpa_flash_rope": timing.ROPE}
+LABELS = {"tapa_kernel": "TAPA (Triton)", "sdpa_flash_rope": timing.ROPE}
 
 
 def cases(s, dtype: str, device) -> list[CheckCase]:

@@ -14,7 +14,6 @@ TRITON_INTERPRET=1 is set (see `environment.py`).
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import time
 from dataclasses import dataclass
@@ -89,7 +88,7 @@ def sdpa_flash(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool) 
 # TAPA (paper eq. 12): fused kernel vs eager reference vs RoPE + SDPA flash
 # --------------------------------------------------------------------------------------------------
 
-TAPA_CANDIDATES = ("tapa_kernel", "tapa_kernel_exact", "sdpa_flash_rope", "tapa_eager")
+TAPA_CANDIDATES = ("tapa_kernel", "sdpa_flash_rope", "tapa_eager")
 
 
 def rope_tables(L: int, D: int, device: torch.device, dtype: torch.dtype, theta: float = 500_000.0
@@ -110,14 +109,11 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 def make_runner(kind: str, mode: str, q, k, v, rope) -> Callable[[], object]:
     """A closure running one TAPA-benchmark candidate once (forward only, or forward + backward)."""
     from ..kernels import tapa
-    from ..kernels.tapa import triton_tapa
 
     cos, sin = rope
 
     def forward():
         if kind == "tapa_kernel":
-            return tapa.tapa_attention_triton(q, k, v)
-        if kind == "tapa_kernel_exact":  # the exact d^α path on every tile (the series off), timed beside it
             return tapa.tapa_attention_triton(q, k, v)
         if kind == "tapa_eager":
             return tapa.tapa_attention_reference(q, k, v)
@@ -125,17 +121,15 @@ def make_runner(kind: str, mode: str, q, k, v, rope) -> Callable[[], object]:
             return sdpa_flash(apply_rope(q, cos, sin), apply_rope(k, cos, sin), v, causal=q.shape[2] > 1)
         raise ValueError(f"unknown TAPA benchmark candidate {kind!r}; pick from {TAPA_CANDIDATES}")
 
-    setting = triton_tapa.exact_distance_power if kind == "tapa_kernel_exact" else contextlib.nullcontext
     if mode == "fwd":
         def run():
-            with torch.no_grad(), setting():
+            with torch.no_grad():
                 return forward()
         return run
 
     def run_bwd():
-        with setting():
-            out = forward()
-            return torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+        out = forward()
+        return torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
     return run_bwd
 
 

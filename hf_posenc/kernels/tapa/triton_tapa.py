@@ -42,9 +42,7 @@ input dtype, LAZY) are declared on the kernels with `triton.heuristics`.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 
@@ -92,23 +90,6 @@ from .._triton import (
 from .decode import plan_decode
 from .naive import TapaArgs, tapa_op, validate_tapa_args
 
-# Far tiles take the binomial series for d^α (`_dpow`) when their distances' half-width is at most this fraction of
-# their centre (a runtime argument, so one binary serves both paths; 0 sends every tile to the exact path, which
-# the benchmarks time beside it)
-SERIES_MAX_RATIO = 0.125
-
-
-@contextlib.contextmanager
-def exact_distance_power() -> Iterator[None]:
-    """Within the block every tile takes the exact d^α path (`SERIES_MAX_RATIO` = 0): what the benchmarks time
-    beside the default, to measure the series' gain. Not thread-safe (a module setting read at launch)."""
-    global SERIES_MAX_RATIO
-    saved, SERIES_MAX_RATIO = SERIES_MAX_RATIO, 0.0
-    try:
-        yield
-    finally:
-        SERIES_MAX_RATIO = saved
-
 # shape, window and mask-presence arguments vary from call to call: one binary serves them all
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "H", "HKV", "Lq", "Lk", "split_len", "causal", "window",
                         "has_tags")
@@ -123,47 +104,19 @@ _WIDTHS = dict(padded_widths(BDA="DA", BDP="DP"), IN_PREC=lambda a: dot_precisio
 
 
 @triton.jit
-def _dpow(q_pos2, k_pos2, d_ref, lo, hi, alpha, series_r, log2_cp, FAST: tl.constexpr):
-    """c_P·d^α with d = |q_pos − k_pos| (fp32 positions, 2-D broadcast); 0 at d = 0. [lo, hi] bounds the
-    tile's signed distances q_pos − k_pos (from the tiles' position ranges; padded rows may widen it).
-
-    Smooth tiles (away from the diagonal, positions within a tile close together): when every distance lies
-    within r = half-width / |centre| ≤ series_r (`SERIES_MAX_RATIO`, 1/8) of the range's centre c,
-    d^α = |c|^α·(1 + x)^α with x = (q − k − c)/c, |x| ≤ r, is the binomial series Σ C(α, i)·x^i to i = 5
-    (Horner: one subtraction, one multiply and five FMAs per element, no special-function instruction), used
-    only where the first term left out, |C(α, 6)|·r^6, is below 2^-24 (α = 0.1, the paper's: every tile with
-    r ≤ 1/8); the later terms shrink geometrically, so the relative error stays about 2^-24 plus rounding, below
-    the approximate lg2/ex2 path's.
-    Other tiles (and d = 0) take the exact path. Exact path, fast: log2 d = e + lg2(d·2^-e), 2^e the largest
-    power of two <= the tile's reference distance d_ref (exact integer and exact scaling), so the approximate
-    lg2 sees arguments near 1 where distances, and phases, are large (its error there is absolute, 2^-22,
-    instead of 2 ulp of log2 d)."""
-    diff = q_pos2 - k_pos2
-    centre = 0.5 * (lo + hi)
-    mag = tl.abs(centre)
-    r = 0.5 * (hi - lo) / tl.maximum(mag, 1.0)
-    c1 = alpha
-    c2 = c1 * (alpha - 1.0) * 0.5
-    c3 = c2 * (alpha - 2.0) * 0.3333333333333333
-    c4 = c3 * (alpha - 3.0) * 0.25
-    c5 = c4 * (alpha - 4.0) * 0.2
-    c6 = c5 * (alpha - 5.0) * 0.16666666666666666
-    r3 = r * r * r
-    if (r <= series_r) & (tl.abs(c6) * r3 * r3 <= 5.960464477539063e-08) & (mag >= 1.0):
-        scale = tl.exp2(alpha * tl.log2(mag) + log2_cp)  # c_P·|c|^α, one scalar per tile
-        x = (diff - centre) * (1.0 / centre)
-        poly = ((((c5 * scale) * x + c4 * scale) * x + c3 * scale) * x + c2 * scale) * x + c1 * scale
-        out = poly * x + scale
+def _dpow(q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST: tl.constexpr):
+    """c_P·d^α with d = |q_pos − k_pos| (fp32 positions, 2-D broadcast); 0 at d = 0. Fast path:
+    log2 d = e + lg2(d·2^-e), 2^e the largest power of two <= the tile's reference distance d_ref (exact
+    integer and exact scaling), so the approximate lg2 sees arguments near 1 where distances, and phases, are
+    large (its error there is absolute, 2^-22, instead of 2 ulp of log2 d)."""
+    d = tl.abs(q_pos2 - k_pos2)
+    if FAST:
+        e = (tl.maximum(d_ref, 1.0).to(tl.int32, bitcast=True) >> 23) - 127
+        inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
+        base = alpha * e.to(tl.float32) + log2_cp
+        return exp2(alpha * log2(d * inv, FAST) + base, FAST)  # log2(0) = -inf -> 2^-inf = 0
     else:
-        d = tl.abs(diff)
-        if FAST:
-            e = (tl.maximum(d_ref, 1.0).to(tl.int32, bitcast=True) >> 23) - 127
-            inv = ((127 - e) << 23).to(tl.float32, bitcast=True)
-            base = alpha * e.to(tl.float32) + log2_cp
-            out = exp2(alpha * log2(d * inv, FAST) + base, FAST)  # log2(0) = -inf -> 2^-inf = 0
-        else:
-            out = tl.where(d > 0.0, tl.exp2(alpha * tl.log2(tl.maximum(d, 1.0)) + log2_cp), 0.0)
-    return out
+        return tl.where(d > 0.0, tl.exp2(alpha * tl.log2(tl.maximum(d, 1.0)) + log2_cp), 0.0)
 
 
 @triton.jit
@@ -233,10 +186,10 @@ def _masked(s, q_idx2, k_idx2, k_ok2, q_tag2, k_tag2, rb, lb):
 
 
 @triton.jit
-def _bwd_scores(amp, ph, q_pos2, k_pos2, d_ref, lo, hi, alpha, series_r, log2_cp, FAST: tl.constexpr):
+def _bwd_scores(amp, ph, q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST: tl.constexpr):
     """(a·cos φ, cos φ, c_P·d^α·a·sin φ) of one tile: the score in units of c_A and the two chain-rule
     factors (without their constants c_A and −2π·c_A), from one range reduction."""
-    dpow = _dpow(q_pos2, k_pos2, d_ref, lo, hi, alpha, series_r, log2_cp, FAST)
+    dpow = _dpow(q_pos2, k_pos2, d_ref, alpha, log2_cp, FAST)
     cos_phi, sin_phi = cos_sin_turns(dpow * ph, FAST)
     return amp * cos_phi, cos_phi, dpow * amp * sin_phi
 
@@ -247,8 +200,8 @@ def _bwd_scores(amp, ph, q_pos2, k_pos2, d_ref, lo, hi, alpha, series_r, log2_cp
 
 
 @triton.jit
-def _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_lo, q_hi, q_ref, q_tag, qi, start_n, kv_base, k_off_a, k_off_p, v_off,
-               stride_kn, stride_vn, KPOS, KTAG, Lk, rb, lb, has_tags, alpha, series_r, log2_cp, c_a2,
+def _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a, k_off_p, v_off,
+               stride_kn, stride_vn, KPOS, KTAG, Lk, rb, lb, has_tags, alpha, log2_cp, c_a2,
                DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
                LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, LAZY: tl.constexpr):
@@ -256,9 +209,7 @@ def _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_lo, q_hi, q_ref, q_tag, qi, start
     offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref = _key_block(
         qa, qp, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
         DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED, LINEAR, IN_PREC)
-    lo, hi = q_lo - tl.max(k_pos, 0), q_hi - tl.min(k_pos, 0)
-    dpow = _dpow(q_pos[:, None], k_pos[None, :], d_ref, lo, hi, alpha, series_r, log2_cp, FAST)
-    s = amp * cos_turns(dpow * ph, FAST)
+    s = amp * cos_turns(_dpow(q_pos[:, None], k_pos[None, :], d_ref, alpha, log2_cp, FAST) * ph, FAST)
     if MASKED:
         k_tag = tl.load(KTAG + offs_n, mask=offs_n < Lk * has_tags, other=0)
         s = _masked(s, qi[:, None], offs_n[None, :], n_ok[None, :], q_tag[:, None], k_tag[None, :], rb, lb)
@@ -274,8 +225,7 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
                      stride_sqb, stride_sqh, stride_skb, stride_skh,
                      stride_vb, stride_vh, stride_vn, stride_ob, stride_oh, stride_os, stride_om,
                      stride_lb, stride_lh, stride_ls,
-                     H_PROG, GP, GROUP, R, Lq, Lk, split_len, causal, window, has_tags, alpha, series_r, log2_cp, c_a2,
-                     lse_empty,
+                     H_PROG, GP, GROUP, R, Lq, Lk, split_len, causal, window, has_tags, alpha, log2_cp, c_a2, lse_empty,
                      DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                      DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                      LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, LAZY: tl.constexpr):
@@ -285,8 +235,7 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
     for split partials, which the combine weighs by 2^LSE; +inf in the final LSE, so the backward's P = 0).
     LAZY (lazy rescaling) is on for prefill, off for decode lengths."""
     # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
-    alpha, series_r, log2_cp = fp32(alpha), fp32(series_r), fp32(log2_cp)
-    c_a2, lse_empty = fp32(c_a2), fp32(lse_empty)
+    alpha, log2_cp, c_a2, lse_empty = fp32(alpha), fp32(log2_cp), fp32(c_a2), fp32(lse_empty)
     pid_m = tl.program_id(0)
     pid_s = tl.program_id(2)
     b64, kvh64, row_ok, head64, qi, qi_lo, qi_hi = packed_rows(pid_m, tl.program_id(1), H_PROG, GP, GROUP, R, Lq,
@@ -302,7 +251,6 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
     else:
         qp = load_tile(q_row[:, None] + DA + offs_dp[None, :], row_ok, offs_dp < DP, True, BDP != DP)
     q_pos = tl.load(QPOS + b64 * Lq + qi)
-    q_lo, q_hi = tl.min(q_pos, 0), tl.max(q_pos, 0)
     q_ref = tl.load(QPOS + b64 * Lq + tl.minimum(pid_m * BLOCK_M + BLOCK_M // 2, R - 1) % Lq)
     q_tag = tl.load(QTAG + b64 * Lq + qi, mask=qi < Lq * has_tags, other=0)  # has_tags is 0 or 1
     offs_n = tl.arange(0, BLOCK_N)
@@ -326,15 +274,15 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
     l_i = tl.zeros([BLOCK_M], dtype=tl.float32)
     m_i = tl.full([BLOCK_M], float("-inf"), dtype=tl.float32)
     for start_n in range(u_lo, u_hi, BLOCK_N):
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_lo, q_hi, q_ref, q_tag, qi, start_n, kv_base,
-                                   k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
-                                   alpha, series_r, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
+                                   k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
+                                   alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
                                    False, LINEAR, IN_PREC, FAST, LAZY)
     for it in range(0, n_masked):
         start_n = masked_block(it, n_left, lo, u_hi, BLOCK_N)
-        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_lo, q_hi, q_ref, q_tag, qi, start_n, kv_base,
-                                   k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
-                                   alpha, series_r, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
+        acc, l_i, m_i = _fwd_block(acc, l_i, m_i, qa, qp, q_pos, q_ref, q_tag, qi, start_n, kv_base, k_off_a,
+                                   k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags,
+                                   alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N,
                                    True, LINEAR, IN_PREC, FAST, LAZY)
 
     has = l_i > 0.0
@@ -351,9 +299,9 @@ def _tapa_fwd_kernel(Q, K, V, O, LSE, QPOS, KPOS, QTAG, KTAG, QSUM, KSUM,
 
 
 @triton.jit
-def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_lo, k_hi, k_ref, k_tag, offs_n, n_ok, start_m,
+def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n, n_ok, start_m,
                 qdo_base, q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE, DELTA, QPOS, QTAG, DQ, stride_dqm,
-                Lq, rb, lb, has_tags, alpha, series_r, log2_cp, c_a2,
+                Lq, rb, lb, has_tags, alpha, log2_cp, c_a2,
                 DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                 DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, MASKED: tl.constexpr,
                 LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, FUSE_DQ: tl.constexpr):
@@ -367,9 +315,7 @@ def _dkdv_block(dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_lo, k_hi, k_ref, k_
     delta = load_vector(DELTA + offs_m, m_ok, 0.0, MASKED)
     amp, ph = _products(ka, kp, qa, qp, LINEAR, IN_PREC)  # [N, M]
     d_ref = tl.abs(k_ref - tl.load(QPOS + tl.minimum(start_m + BLOCK_M // 2, Lq - 1)))
-    lo, hi = tl.min(q_pos, 0) - k_hi, tl.max(q_pos, 0) - k_lo
-    s, g_a, g_p = _bwd_scores(amp, ph, q_pos[None, :], k_pos[:, None], d_ref, lo, hi, alpha, series_r, log2_cp,
-                              FAST)
+    s, g_a, g_p = _bwd_scores(amp, ph, q_pos[None, :], k_pos[:, None], d_ref, alpha, log2_cp, FAST)
     if MASKED:
         q_tag = tl.load(QTAG + offs_m, mask=offs_m < Lq * has_tags, other=0)
         s = _masked(s, offs_m[None, :], offs_n[:, None], n_ok[:, None], q_tag[None, :], k_tag[:, None], rb, lb)
@@ -408,7 +354,7 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
                           stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                           stride_dkb, stride_dkh, stride_dkn, stride_dvb, stride_dvh, stride_dvn,
                           stride_dqb, stride_dqh, stride_dqm,
-                          H, HKV, GROUP, Lq, Lk, causal, window, has_tags, alpha, series_r, log2_cp, c_a, c_a2,
+                          H, HKV, GROUP, Lq, Lk, causal, window, has_tags, alpha, log2_cp, c_a, c_a2,
                           DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                           DV_: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                           LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr, FUSE_DQ: tl.constexpr):
@@ -416,7 +362,7 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
     FUSE_DQ the same tiles also give dQ (atomic fp32 adds into DQ, which the host scales and casts), so the
     scores, cos and sin are computed once per score element for the whole backward."""
     # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
-    alpha, series_r, log2_cp, c_a, c_a2 = fp32(alpha), fp32(series_r), fp32(log2_cp), fp32(c_a), fp32(c_a2)
+    alpha, log2_cp, c_a, c_a2 = fp32(alpha), fp32(log2_cp), fp32(c_a), fp32(c_a2)
     pid_n = tl.program_id(0)
     pid_bkv = tl.program_id(1)
     b64 = (pid_bkv // HKV).to(tl.int64)
@@ -429,7 +375,6 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
         k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS + b64 * Lk, Lk, DA, BDA, DP, BDP, DV_, BDV, BLOCK_N,
         True, LINEAR)
     k_ref = tl.load(KPOS + b64 * Lk + tl.minimum(start_n + BLOCK_N // 2, Lk - 1))
-    k_lo, k_hi = tl.min(k_pos, 0), tl.max(k_pos, 0)
     k_tag = tl.load(KTAG + b64 * Lk + offs_n, mask=offs_n < Lk * has_tags, other=0)
     dk_a = tl.zeros([BLOCK_N, BDA], dtype=tl.float32)
     dk_p = tl.zeros([BLOCK_N, BDP], dtype=tl.float32)
@@ -451,27 +396,27 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
     for _ in range(0, GROUP * n_full):
         row0 = (b64 * H + h64) * Lq
         dk_a, dk_p, dk_psum, dv = _dkdv_block(
-            dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_lo, k_hi, k_ref, k_tag, offs_n, n_ok, u_lo + j * BLOCK_M,
+            dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n, n_ok, u_lo + j * BLOCK_M,
             (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh,
              QSUM + b64 * stride_sqb + h64 * stride_sqh),
             q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE + row0, DELTA + row0,
             QPOS + b64 * Lq, QTAG + b64 * Lq, DQ + b64 * stride_dqb + h64 * stride_dqh, stride_dqm, Lq, rb, lb,
-            has_tags, alpha, series_r, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, False, LINEAR, IN_PREC,
-            FAST, FUSE_DQ)
+            has_tags, alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, False, LINEAR, IN_PREC, FAST,
+            FUSE_DQ)
         h64, j = next_pair(h64, j, n_full)
     h64 = kvh64 * GROUP
     j = start_n * 0
     for _ in range(0, GROUP * n_masked):
         row0 = (b64 * H + h64) * Lq
         dk_a, dk_p, dk_psum, dv = _dkdv_block(
-            dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_lo, k_hi, k_ref, k_tag, offs_n, n_ok,
+            dk_a, dk_p, dk_psum, dv, ka, kp, v, k_pos, k_ref, k_tag, offs_n, n_ok,
             masked_block(j, n_left, m_lo, u_hi, BLOCK_M),
             (Q + b64 * stride_qb + h64 * stride_qh, DO + b64 * stride_dob + h64 * stride_doh,
              QSUM + b64 * stride_sqb + h64 * stride_sqh),
             q_off_a, q_off_p, do_off, stride_qm, stride_dom, LSE + row0, DELTA + row0,
             QPOS + b64 * Lq, QTAG + b64 * Lq, DQ + b64 * stride_dqb + h64 * stride_dqh, stride_dqm, Lq, rb, lb,
-            has_tags, alpha, series_r, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, True, LINEAR, IN_PREC,
-            FAST, FUSE_DQ)
+            has_tags, alpha, log2_cp, c_a2, DA, BDA, DP, BDP, DV_, BDV, BLOCK_M, True, LINEAR, IN_PREC, FAST,
+            FUSE_DQ)
         h64, j = next_pair(h64, j, n_masked)
 
     dk_a = dk_a * c_a
@@ -491,9 +436,9 @@ def _tapa_bwd_dkdv_kernel(Q, K, V, DO, LSE, DELTA, DK, DV, DQ, QPOS, KPOS, QTAG,
 
 
 @triton.jit
-def _dq_block(dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_lo, q_hi, q_ref, q_tag, offs_m, start_n,
+def _dq_block(dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n,
               kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, KTAG,
-              Lk, rb, lb, has_tags, alpha, series_r, log2_cp, c_a2,
+              Lk, rb, lb, has_tags, alpha, log2_cp, c_a2,
               DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
               DV: tl.constexpr, BDV: tl.constexpr, BLOCK_N: tl.constexpr, MASKED: tl.constexpr,
               LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
@@ -501,9 +446,7 @@ def _dq_block(dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_lo, q_hi, q_
     offs_n, n_ok, ka, kp, v, k_pos, amp, ph, d_ref = _key_block(
         qa, qp, q_ref, start_n, kv_base, k_off_a, k_off_p, v_off, stride_kn, stride_vn, KPOS, Lk,
         DA, BDA, DP, BDP, DV, BDV, BLOCK_N, MASKED, LINEAR, IN_PREC)
-    lo, hi = q_lo - tl.max(k_pos, 0), q_hi - tl.min(k_pos, 0)
-    s, g_a, g_p = _bwd_scores(amp, ph, q_pos[:, None], k_pos[None, :], d_ref, lo, hi, alpha, series_r, log2_cp,
-                              FAST)
+    s, g_a, g_p = _bwd_scores(amp, ph, q_pos[:, None], k_pos[None, :], d_ref, alpha, log2_cp, FAST)
     if MASKED:
         k_tag = tl.load(KTAG + offs_n, mask=offs_n < Lk * has_tags, other=0)
         s = _masked(s, offs_m[:, None], offs_n[None, :], n_ok[None, :], q_tag[:, None], k_tag[None, :], rb, lb)
@@ -525,13 +468,13 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
                         stride_sqb, stride_sqh, stride_skb, stride_skh,
                         stride_vb, stride_vh, stride_vn, stride_dob, stride_doh, stride_dom,
                         stride_dqb, stride_dqh, stride_dqm,
-                        H, GROUP, Lq, Lk, causal, window, has_tags, alpha, series_r, log2_cp, c_a, c_a2,
+                        H, GROUP, Lq, Lk, causal, window, has_tags, alpha, log2_cp, c_a, c_a2,
                         DA: tl.constexpr, BDA: tl.constexpr, DP: tl.constexpr, BDP: tl.constexpr,
                         DV: tl.constexpr, BDV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
                         LINEAR: tl.constexpr, IN_PREC: tl.constexpr, FAST: tl.constexpr):
     """dQ of one query block of one query head, looping over the visible key blocks."""
     # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
-    alpha, series_r, log2_cp, c_a, c_a2 = fp32(alpha), fp32(series_r), fp32(log2_cp), fp32(c_a), fp32(c_a2)
+    alpha, log2_cp, c_a, c_a2 = fp32(alpha), fp32(log2_cp), fp32(c_a), fp32(c_a2)
     pid_m = tl.program_id(0)
     pid_bh = tl.program_id(1)
     b64 = (pid_bh // H).to(tl.int64)
@@ -550,7 +493,6 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
     delta = tl.load(DELTA + row0 + offs_m, mask=m_ok, other=0.0)
     q_tag = tl.load(QTAG + b64 * Lq + offs_m, mask=offs_m < Lq * has_tags, other=0)
     q_ref = tl.load(QPOS + b64 * Lq + tl.minimum(start_m + BLOCK_M // 2, Lq - 1))
-    q_lo, q_hi = tl.min(q_pos, 0), tl.max(q_pos, 0)
     kv_base = (K + b64 * stride_kb + kvh64 * stride_kh, V + b64 * stride_vb + kvh64 * stride_vh,
                KSUM + b64 * stride_skb + kvh64 * stride_skh)
     k_off_a, k_off_p, v_off = _tile_offsets(stride_kn, stride_vn, BLOCK_N, BDA, BDP, BDV)
@@ -567,15 +509,15 @@ def _tapa_bwd_dq_kernel(Q, K, V, DO, LSE, DELTA, DQ, QPOS, KPOS, QTAG, KTAG, QSU
     dq_psum = tl.zeros([BLOCK_M], dtype=tl.float32)
     for start_n in range(u_lo, u_hi, BLOCK_N):
         dq_a, dq_p, dq_psum = _dq_block(
-            dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_lo, q_hi, q_ref, q_tag, offs_m, start_n, kv_base,
-            k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, series_r,
-            log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, False, LINEAR, IN_PREC, FAST)
+            dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, offs_m, start_n, kv_base,
+            k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, log2_cp,
+            c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, False, LINEAR, IN_PREC, FAST)
     for it in range(0, n_masked):
         dq_a, dq_p, dq_psum = _dq_block(
-            dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_lo, q_hi, q_ref, q_tag, offs_m,
+            dq_a, dq_p, dq_psum, qa, qp, do, lse, delta, q_pos, q_ref, q_tag, offs_m,
             masked_block(it, n_left, lo, u_hi, BLOCK_N), kv_base,
-            k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, series_r,
-            log2_cp, c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, True, LINEAR, IN_PREC, FAST)
+            k_off_a, k_off_p, v_off, stride_kn, stride_vn, kpos_b, ktag_b, Lk, rb, lb, has_tags, alpha, log2_cp,
+            c_a2, DA, BDA, DP, BDP, DV, BDV, BLOCK_N, True, LINEAR, IN_PREC, FAST)
 
     dq_a = dq_a * c_a
     if LINEAR:
@@ -697,8 +639,8 @@ class _Inputs:
                     QTAG=self.q_tag if self.q_tag is not None else self.q_pos.view(torch.int32),
                     KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32), **sums,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
-                    alpha=args.alpha, series_r=SERIES_MAX_RATIO, log2_cp=self.log2_cp, DA=args.amp_dims,
-                    DP=args.phase_dims, LINEAR=args.linear, FAST=target.fast_math)
+                    alpha=args.alpha, log2_cp=self.log2_cp, DA=args.amp_dims, DP=args.phase_dims,
+                    LINEAR=args.linear, FAST=target.fast_math)
 
 
 def _forward_spec(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target,
