@@ -1,8 +1,8 @@
 """Module names kept for one release after a rename, each an alias module that :func:`alias` turns into the new one.
 
 An import by the old name yields the very module of the new name (objects imported by either name are identical;
-pickles naming the old path still load) and warns with a ``FutureWarning``, unless the importer is an hf-posenc
-module not yet moved to the new name (a user cannot act on that warning).
+pickles naming the old path still load) and warns with a ``FutureWarning`` at the importing line. No module of
+the package imports an old name.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def alias(old: str) -> None:
     while frame is not None and (frame.f_globals.get("__name__", "") in MOVED
                                  or frame.f_globals.get("__name__", "").startswith(("importlib", "_frozen_importlib"))):
         frame = frame.f_back  # past the alias module and the import machinery, to the code that imports it
-    if frame is not None and not frame.f_globals.get("__name__", "").startswith("hf_posenc."):
+    if frame is not None:
         warnings.warn_explicit(message(old), FutureWarning, frame.f_code.co_filename, frame.f_lineno,
                                module=frame.f_globals.get("__name__"),
                                registry=frame.f_globals.setdefault("__warningregistry__", {}))

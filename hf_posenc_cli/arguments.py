@@ -15,6 +15,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+PERTURBATION_SCORES = ("all", "unperturbed")  # hf_posenc.diagnostics.perturbation.SCORES
 ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
 NEEDLE_TASKS = ("single", "multikey", "multivalue")
 EVAL_TASKS = ("ppl", "passkey", "needle") + tuple(f"needle_{t}" for t in NEEDLE_TASKS)
@@ -266,6 +267,9 @@ def add_diagnose_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fractions", type=_float_list, default=[0.01, 0.05, 0.1], help="perturbed token fractions")
     parser.add_argument("--max-distances", type=_int_list, default=[5, 10], help="perturbation distances")
     parser.add_argument("--trials", type=int, default=2, help="random draws per perturbation setting")
+    parser.add_argument("--score", choices=PERTURBATION_SCORES, default="all",
+                        help="perturbation: score every target of the perturbed text (all), or only those it left "
+                             "alone, paired with the clean text over the same targets (unperturbed; Han & Ji §4.1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-progress", action="store_true", help="hide the progress bars")
 
@@ -274,8 +278,8 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     """``hf-posenc experiment NAME [--size toy|small] ...`` (see hf_posenc.experiments.cli)."""
     parser.add_argument("name", choices=EXPERIMENTS, help="which experiment")
     parser.add_argument("--size", choices=EXPERIMENT_SIZES, default="small",
-                        help="toy: seconds (smoke test); small: the committed CPU results (default); gpu: the experiments "
-                             "made for a GPU (minutes on one H100)")
+                        help="toy: seconds (smoke test); small: the committed CPU results (default); gpu: the "
+                             "experiments made for a GPU (minutes on one H100)")
     parser.add_argument("--seeds", type=int, default=None,
                         help="seeds per scheme (default: the experiment's, 3; 10 for prope_gemma_ratio)")
     parser.add_argument("--first-seed", type=int, default=0,

@@ -270,6 +270,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the fused backward's dQ carries the chain rule through the phase product (−2π·c_A·Σ dS·g_P·k_P)",
     ),
     Mutation(
+        "perturbation-scores-the-perturbed-targets", "hf_posenc/diagnostics/perturbation.py",
+        "    return chunk, positions, ~moved[1:]",
+        "    return chunk, positions, ~moved[:-1]",
+        ("tests/test_diagnostics.py::test_perturbation_scores_only_unperturbed_targets_paired_with_the_clean_text",),
+        "Han & Ji §4.1: only the targets the perturbation left alone are scored (entry t scores token t + 1)",
+    ),
+    Mutation(
         "tapa-attention-ignores-autocast", "hf_posenc/schemes/tapa/attention.py",
         "    query, key, value = autocast_inputs(query, key, value)  # as autocast casts SDPA's inputs",
         "    pass",

@@ -7,7 +7,6 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import sys
-import warnings
 
 import pytest
 
@@ -75,17 +74,6 @@ def test_the_old_attribute_of_the_package_warns_and_yields_the_new_module(monkey
         module = getattr(hf_posenc, old)
     assert module is sys.modules[MOVED[f"hf_posenc.{old}"]]
     assert caught[0].filename == __file__
-
-
-def test_hf_posenc_modules_importing_an_old_name_do_not_warn(monkeypatch):
-    """Until every module of the package uses the new names, their imports stay silent (users cannot act on them)."""
-    _forget_old_names(monkeypatch)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FutureWarning)
-        exec("from .patches.base import register_publisher\nfrom .layers import output_logit_transform",
-             {"__name__": "hf_posenc.some_module", "__package__": "hf_posenc"})
-    assert sys.modules["hf_posenc.patches.base"] is hf_posenc.families.base
-    assert sys.modules["hf_posenc.layers"] is hf_posenc.decoder_layers
 
 
 def test_the_warning_names_a_script_run_with_python_c(monkeypatch):

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 import torch
+from experiment_cli import austen  # noqa: F401 (a fixture: the Austen data, installed on first use)
 from tiny import random_ids, tiny_model
 
 from hf_posenc.diagnostics import (
@@ -368,6 +370,40 @@ def test_perturbation_fraction_zero_is_plain_perplexity(llama, tmp_path):
         perplexity(llama, ids, mode="transpose", fraction=2.0)
 
 
+def test_perturbation_scores_only_unperturbed_targets_paired_with_the_clean_text(llama):
+    """The paper's scoring: perplexity over the targets a draw left alone, beside the clean text's over the same
+    ones. Rebuilt here from the same draw (the generator's sequence) and the clean per-target NLLs."""
+    from hf_posenc.diagnostics.perturbation import paired_perplexities, token_nll
+
+    ids = _ids(48)
+    for mode in ("transpose", "position_offset"):
+        perturbed, clean = paired_perplexities(llama, ids, 64, mode, 0.25, 3, seed=5)
+        g = torch.Generator().manual_seed(5)
+        row = ids[0]
+        if mode == "transpose":
+            text = transpose_tokens(row, 0.25, 3, g)
+            kept, nll = (text == row)[1:], token_nll(llama, text)
+        else:
+            positions = offset_positions(row.numel(), 0.25, 3, g)
+            kept, nll = (positions == torch.arange(row.numel()))[1:], token_nll(llama, row, positions)
+        assert 0 < int(kept.sum()) < kept.numel()
+        assert perturbed == pytest.approx(math.exp(float(nll[kept].mean())), rel=1e-6)
+        assert clean == pytest.approx(math.exp(float(token_nll(llama, row)[kept].mean())), rel=1e-6)
+        assert perplexity(llama, ids, 64, mode, 0.25, 3, seed=5, score="unperturbed") == pytest.approx(perturbed,
+                                                                                                       rel=1e-9)
+    res = perturbation_tolerance(llama, ids, fractions=[0.0, 0.25], max_distances=[3], trials=2, window=64,
+                                 progress=False, score="unperturbed")
+    assert res.score == "unperturbed"
+    for p in res.points:
+        if p.fraction == 0.0:
+            assert p.perplexity == pytest.approx(res.baseline_perplexity, rel=1e-9)
+            assert p.baseline_same_targets == pytest.approx(res.baseline_perplexity, rel=1e-9)
+        else:
+            assert p.baseline_same_targets != pytest.approx(res.baseline_perplexity, rel=1e-6)
+    with pytest.raises(ValueError, match="score must be one of"):
+        perplexity(llama, ids, score="moved")
+
+
 def test_perturbation_helpers():
     g = torch.Generator().manual_seed(0)
     ids = torch.arange(100)
@@ -472,3 +508,31 @@ def test_offset_positions_are_not_read_as_packed_documents(llama):
     nll = torch.nn.functional.cross_entropy(full.logits[0, :-1], ids[1:], reduction="sum")
     got, count = window_nll(llama, ids, positions)
     assert count == 39 and got == pytest.approx(float(nll), rel=1e-6)
+
+
+def test_han_ji_smollm2_example_smoke(austen, tmp_path):
+    """examples/han_ji_smollm2.py at its smoke size, through the code path of the committed run: the trained and the
+    random-weight SmolLM2 fitted, both perturbations scored on unperturbed targets beside the clean text, and
+    ``--render-only`` rewriting the same report from results.json."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "examples" / "han_ji_smollm2.py"
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    proc = subprocess.run([sys.executable, str(script), "--smoke", "--out", str(tmp_path), "--no-progress"],
+                          env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads((tmp_path / "results.json").read_text())
+    fits = data["disentanglement"]
+    assert all(-1 <= fits[k] <= 1 for k in ("trained", "random_init", "trained_window", "random_init_window"))
+    assert fits["window_length"] == data["settings"]["window"] and fits["random_init"] != fits["trained"]
+    assert {r["mode"] for r in data["perturbation"]} == {"transpose", "position_offset"}
+    for r in data["perturbation"]:
+        assert r["clean_perplexity_same_targets"] > 1 and r["increase"] == pytest.approx(
+            r["perturbed_perplexity"] - r["clean_perplexity_same_targets"])
+    report = (tmp_path / "results.md").read_text()
+    assert "random weights" in report and "| transpose |" in report
+    proc = subprocess.run([sys.executable, str(script), "--render-only", "--out", str(tmp_path)], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and (tmp_path / "results.md").read_text() == report

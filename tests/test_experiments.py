@@ -699,7 +699,8 @@ def test_docs_quote_the_committed_intervals():
     """Every interval docs/experiments.md quotes ("+0.086 [-0.282, +0.455]") is one a committed report prints."""
     import re
 
-    reports = "\n".join((ROOT / "examples" / "experiments" / f / "results.md").read_text() for f in COMMITTED)
+    folders = (*COMMITTED, "tapa-scale", "tape-arithmetic")  # with the GPU experiments (their own tests)
+    reports = "\n".join((ROOT / "examples" / "experiments" / f / "results.md").read_text() for f in folders)
     docs = (ROOT / "docs" / "experiments.md").read_text().replace("−", "-")
     quoted = re.findall(r"[+-]\d+\.\d+ \[[+-]\d+\.\d+, [+-]\d+\.\d+\]", docs)
     assert len(quoted) >= 10

@@ -441,7 +441,8 @@ def test_resume_after_kill_repeats_the_loss_trajectory(workspace):
 
 
 def test_resume_refuses_a_changed_recipe_and_ctrl_c_says_how_to_resume(workspace):
-    recipe = _recipe(workspace, "run", training={"max_steps": 40, "save_steps": 2})
+    # far more steps than run before the Ctrl-C: on a loaded machine 40 steps could finish before it lands
+    recipe = _recipe(workspace, "run", training={"max_steps": 2000, "save_steps": 2})
     (workspace / "run.yaml").write_text(yaml.safe_dump(recipe))
     proc = subprocess.Popen(_train_cmd(workspace / "run.yaml"), env=_env(), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)

@@ -44,7 +44,7 @@ def _run_model(model: Any, ids: Any, name: str, args: argparse.Namespace) -> dic
         ),
         "perturbation": lambda: perturbation_tolerance(
             model, ids, fractions=args.fractions, max_distances=args.max_distances, trials=args.trials,
-            window=args.window, seed=args.seed, name=name, progress=progress,
+            score=args.score, window=args.window, seed=args.seed, name=name, progress=progress,
         ),
     }
     out: dict[str, Any] = {}

@@ -7,7 +7,10 @@ Two perturbations of a fraction γ of the tokens within a maximum distance l:
 * ``"position_offset"`` (position-encoding manipulation): each chosen token's position id is moved by a random
   non-zero offset in ``[−l, l]`` (clamped at 0); the text and its targets are unchanged.
 
-The paper finds both cost little (e.g. +0.02 perplexity for 1 % of tokens shuffled up to 1000 apart).
+The paper finds both cost little (e.g. +0.02 perplexity for 1 % of tokens shuffled up to 1000 apart, 2,048-token
+windows), scoring only the targets that were not perturbed: ``score="unperturbed"`` does the same, and gives beside
+each perturbed perplexity the unperturbed text's perplexity over the same targets (a paired comparison);
+``score="all"`` scores every target of the perturbed text.
 """
 
 from __future__ import annotations
@@ -21,10 +24,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from hf_posenc_cli.arguments import PERTURBATION_SCORES
+
 from .capture import check_ids, forward, windows
 from .results import ResultMixin, normalise_named, pyplot, save_figure
 
 MODES = ("transpose", "position_offset")
+SCORES = PERTURBATION_SCORES  # the command line's vocabulary (hf_posenc_cli.arguments)
 
 
 def transpose_tokens(ids: torch.Tensor, fraction: float, max_distance: int, generator: torch.Generator) -> torch.Tensor:
@@ -51,37 +57,83 @@ def offset_positions(n: int, fraction: float, max_distance: int, generator: torc
 
 
 @torch.no_grad()
+def token_nll(model: nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> torch.Tensor:
+    """Next-token negative log-likelihood of every target of one window ``ids [S]``: ``[S − 1]`` (entry t scores
+    token t + 1), fp32 on the CPU."""
+    logits = forward(model, ids[None], None if position_ids is None else position_ids[None]).logits[0, :-1].float()
+    return torch.nn.functional.cross_entropy(logits, ids[1:].to(logits.device), reduction="none").cpu()
+
+
 def window_nll(model: nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> tuple[float, int]:
     """Summed next-token negative log-likelihood of one window ``ids [S]`` and the number of predictions."""
-    logits = forward(model, ids[None], None if position_ids is None else position_ids[None]).logits[0, :-1].float()
-    nll = torch.nn.functional.cross_entropy(logits, ids[1:].to(logits.device), reduction="sum")
-    return float(nll), ids.numel() - 1
+    return float(token_nll(model, ids, position_ids).sum()), ids.numel() - 1
 
 
-@torch.no_grad()
-def perplexity(
-    model: nn.Module, input_ids: torch.Tensor, window: int = 512, mode: str | None = None, fraction: float = 0.0,
-    max_distance: int = 1, seed: int = 0,
-) -> float:
-    """Perplexity over non-overlapping windows, optionally perturbed (``mode`` in :data:`MODES`)."""
+def perturb(chunk: torch.Tensor, mode: str | None, fraction: float, max_distance: int, generator: torch.Generator
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
+    """(the window's ids, its position ids or None, which of its ``S − 1`` targets were not perturbed): a target is
+    perturbed where its token moved (``transpose``) or its position id did (``position_offset``)."""
+    positions, moved = None, torch.zeros(chunk.numel(), dtype=torch.bool)
+    if mode == "transpose" and fraction > 0:
+        perturbed = transpose_tokens(chunk, fraction, max_distance, generator)
+        moved, chunk = perturbed != chunk, perturbed
+    elif mode == "position_offset" and fraction > 0:
+        positions = offset_positions(chunk.numel(), fraction, max_distance, generator)
+        moved = positions != torch.arange(chunk.numel())
+    return chunk, positions, ~moved[1:]
+
+
+def _check_perturbation(mode: str | None, fraction: float, max_distance: int, score: str) -> None:
     if mode is not None and mode not in MODES:
         raise ValueError(f"mode must be one of {MODES} or None, got {mode!r}.")
     if not 0 <= fraction <= 1:
         raise ValueError(f"fraction is a share of the tokens and must be in [0, 1], got {fraction}.")
     if max_distance < 1:
         raise ValueError(f"max_distance must be >= 1, got {max_distance}.")
+    if score not in SCORES:
+        raise ValueError(f"score must be one of {SCORES}, got {score!r}.")
+
+
+@torch.no_grad()
+def perplexity(
+    model: nn.Module, input_ids: torch.Tensor, window: int = 512, mode: str | None = None, fraction: float = 0.0,
+    max_distance: int = 1, seed: int = 0, score: str = "all",
+) -> float:
+    """Perplexity over non-overlapping windows, optionally perturbed (``mode`` in :data:`MODES`); ``score``
+    ``"unperturbed"`` leaves out the perturbed targets."""
+    _check_perturbation(mode, fraction, max_distance, score)
     ids = check_ids(input_ids, 2, "perplexity")[0]
     g = torch.Generator().manual_seed(seed)
     total, count = 0.0, 0
     for start, end in windows(ids.numel(), window):
-        chunk, positions = ids[start:end], None
-        if mode == "transpose" and fraction > 0:
-            chunk = transpose_tokens(chunk, fraction, max_distance, g)
-        elif mode == "position_offset" and fraction > 0:
-            positions = offset_positions(chunk.numel(), fraction, max_distance, g)
-        nll, n = window_nll(model, chunk, positions)
-        total, count = total + nll, count + n
+        chunk, positions, kept = perturb(ids[start:end], mode, fraction, max_distance, g)
+        nll = token_nll(model, chunk, positions)
+        if score == "unperturbed":
+            nll = nll[kept]
+        total, count = total + float(nll.sum()), count + nll.numel()
     return math.exp(total / count)
+
+
+@torch.no_grad()
+def paired_perplexities(
+    model: nn.Module, input_ids: torch.Tensor, window: int, mode: str, fraction: float, max_distance: int,
+    seed: int, clean: Sequence[torch.Tensor] | None = None,
+) -> tuple[float, float]:
+    """(perturbed, unperturbed) perplexity over the same targets, those the perturbation left alone (the paper's
+    scoring): the unperturbed text's per-target NLLs (``clean``, one tensor per window; computed when None) are
+    averaged over the targets each draw kept."""
+    _check_perturbation(mode, fraction, max_distance, "unperturbed")
+    ids = check_ids(input_ids, 2, "paired_perplexities")[0]
+    spans = list(windows(ids.numel(), window))
+    clean = clean if clean is not None else [token_nll(model, ids[a:b]) for a, b in spans]
+    g = torch.Generator().manual_seed(seed)
+    perturbed_total, clean_total, count = 0.0, 0.0, 0
+    for (start, end), reference in zip(spans, clean):
+        chunk, positions, kept = perturb(ids[start:end], mode, fraction, max_distance, g)
+        perturbed_total += float(token_nll(model, chunk, positions)[kept].sum())
+        clean_total += float(reference[kept].sum())
+        count += int(kept.sum())
+    return math.exp(perturbed_total / count), math.exp(clean_total / count)
 
 
 @dataclass
@@ -92,6 +144,7 @@ class PerturbationPoint:
     perplexity: float
     perplexity_std: float
     trials: int
+    baseline_same_targets: float | None = None  # score "unperturbed": the clean text over the same targets (mean)
 
 
 @dataclass
@@ -102,19 +155,22 @@ class PerturbationResult(ResultMixin):
     window: int
     tokens: int
     points: list[PerturbationPoint] = field(default_factory=list)
+    score: str = "all"  # "unperturbed": perturbed targets left out, each point paired with the clean text
 
 
 def perturbation_tolerance(
     model: nn.Module, input_ids: torch.Tensor, *, modes: Sequence[str] = MODES,
     fractions: Sequence[float] = (0.01, 0.05, 0.1), max_distances: Sequence[int] = (5, 10),
-    trials: int = 2, window: int = 512, seed: int = 0, name: str = "", progress: bool = True,
+    trials: int = 2, window: int = 512, seed: int = 0, name: str = "", progress: bool = True, score: str = "all",
 ) -> PerturbationResult:
-    """Perplexity under every (mode, fraction, max distance), ``trials`` random draws each (§4.1)."""
+    """Perplexity under every (mode, fraction, max distance), ``trials`` random draws each (§4.1); with ``score``
+    ``"unperturbed"`` over the targets each draw left alone, beside the clean text's over the same ones."""
     unknown = [m for m in modes if m not in MODES]
     if unknown or not modes:
         raise ValueError(f"modes must be a non-empty subset of {MODES}, got {list(modes)}.")
     if trials < 1:
         raise ValueError(f"trials must be >= 1, got {trials}.")
+    _check_perturbation(None, 0.0, 1, score)
     ids = check_ids(input_ids, 2, "perturbation_tolerance")
     for distance in max_distances:
         if distance >= min(window, ids.shape[1]):
@@ -123,16 +179,25 @@ def perturbation_tolerance(
                 "longer text/window or a smaller distance."
             )
     model.eval()
-    baseline = perplexity(model, ids, window)
+    row = ids[0]
+    clean = [token_nll(model, row[a:b]) for a, b in windows(row.numel(), window)]
+    baseline = math.exp(sum(float(c.sum()) for c in clean) / sum(c.numel() for c in clean))
     grid = [(m, f, d) for m in modes for f in fractions for d in max_distances]
     points = []
     for mode, fraction, distance in tqdm(grid, desc="perturbation", disable=not progress):
-        values = torch.tensor([
-            perplexity(model, ids, window, mode, fraction, distance, seed + t) for t in range(trials)
-        ], dtype=torch.float64)
+        if score == "unperturbed":
+            pairs = torch.tensor([paired_perplexities(model, ids, window, mode, fraction, distance, seed + t, clean)
+                                  for t in range(trials)], dtype=torch.float64)
+            values, same = pairs[:, 0], float(pairs[:, 1].mean())
+        else:
+            values = torch.tensor([perplexity(model, ids, window, mode, fraction, distance, seed + t)
+                                   for t in range(trials)], dtype=torch.float64)
+            same = None
         std = float(values.std()) if trials > 1 else 0.0
-        points.append(PerturbationPoint(mode, float(fraction), int(distance), float(values.mean()), std, trials))
-    return PerturbationResult(model=name, baseline_perplexity=baseline, window=window, tokens=ids.shape[1], points=points)
+        points.append(PerturbationPoint(mode, float(fraction), int(distance), float(values.mean()), std, trials,
+                                        same))
+    return PerturbationResult(model=name, baseline_perplexity=baseline, window=window, tokens=ids.shape[1],
+                              points=points, score=score)
 
 
 def plot_perturbation(results: PerturbationResult | Mapping[str, PerturbationResult], path: str | os.PathLike) -> str:

@@ -25,7 +25,8 @@ from .config import ContextExtensionConfig
 from .corpus import Corpus
 from .length_generalisation import begin
 from .report import (
-    TABLE_NOTE, Tests, closing_lines, fmt, make_payload, markdown_table, plot_summary, publish, tests_explained,
+    TABLE_NOTE, Tests, analysis, closing_lines, fmt, make_payload, markdown_table, plot_summary, publish,
+    tests_explained,
 )
 from .runner import Cell, Summary, build_recipe, fingerprint, mean_sd, run_cells, slug
 from .why import diagnose
@@ -317,6 +318,5 @@ def analyse(payload: dict[str, Any], config: ContextExtensionConfig) -> dict[str
     """The analysis fields of ``results.json`` from its runs (``verdict``, ``comparisons``, ``claims``)."""
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     tests = Tests()
-    lines = verdict(summary, payload["passkey"], config, tests)
-    claims = paper_claims(summary, payload["passkey"], config, payload.get("why") or {}, tests)
-    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+    return analysis(tests, verdict(summary, payload["passkey"], config, tests),
+                    paper_claims(summary, payload["passkey"], config, payload.get("why") or {}, tests))

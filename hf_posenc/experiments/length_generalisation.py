@@ -23,7 +23,8 @@ from .claims import (
 from .config import ExperimentSettings, LengthGeneralisationConfig, ModelSettings, TrainSettings
 from .corpus import Corpus, austen_corpus, ngram_entropies, write_text
 from .report import (
-    TABLE_NOTE, Tests, closing_lines, make_payload, markdown_table, plot_summary, publish, tests_explained,
+    TABLE_NOTE, Tests, analysis, closing_lines, make_payload, markdown_table, plot_summary, publish,
+    tests_explained,
 )
 from .runner import Cell, Summary, build_recipe, run_cells, slug
 from .stats import Difference
@@ -241,9 +242,8 @@ def analyse(payload: dict[str, Any], config: LengthGeneralisationConfig) -> dict
     behind them) and ``claims`` (one per paper claim)."""
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     tests = Tests()
-    lines = verdict(summary, payload["floors"], config.context_length, tests)
-    claims = paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests)
-    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+    return analysis(tests, verdict(summary, payload["floors"], config.context_length, tests),
+                    paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests))
 
 
 def render(payload: dict[str, Any], config: LengthGeneralisationConfig) -> str:

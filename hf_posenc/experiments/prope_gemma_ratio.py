@@ -27,7 +27,7 @@ from .claims import (
 from .config import GEMMA_THETA_PER_LENGTH, PropeGemmaRatioConfig
 from .corpus import Corpus
 from .length_generalisation import judge, render_from_scratch, run_from_scratch, undecided
-from .report import NEGLIGIBLE, Tests, plot_settings, tests_explained
+from .report import NEGLIGIBLE, Tests, analysis, plot_settings, tests_explained
 from .runner import Summary
 from .stats import Difference, t_quantile
 
@@ -220,9 +220,8 @@ def analyse(payload: dict[str, Any], config: PropeGemmaRatioConfig) -> dict[str,
     """The analysis fields of ``results.json`` from its runs (``verdict``, ``comparisons``, ``claims``)."""
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     tests = Tests()
-    lines = verdict(summary, payload["floors"], config, tests)
-    claims = paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests)
-    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+    return analysis(tests, verdict(summary, payload["floors"], config, tests),
+                    paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests))
 
 
 def difference_table(summary: Summary, L: int) -> list[str]:

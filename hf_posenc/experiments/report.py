@@ -204,6 +204,13 @@ def plot_settings(series: dict[str, dict[Any, dict[int, float]]], path: str | Pa
 TOKENIZER = "byte-level (256 bytes + <|endoftext|>), see hf_posenc.experiments.tokenizer"
 
 
+def analysis(tests: Tests, verdict: Sequence[str], claims: Sequence[Any]) -> dict[str, Any]:
+    """The analysis fields of ``results.json``: ``verdict`` (lines), ``comparisons`` (every test behind them, as
+    ``tests`` recorded them) and ``claims`` (one per paper claim: :class:`.claims.Claim`). Every experiment's
+    ``analyse`` returns this, its verdict computed before its claims."""
+    return {"verdict": list(verdict), "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+
+
 def make_payload(experiment: str, command: str, config: dict[str, Any], corpus: str, units: str,
                  floors: dict[str, float], results: Sequence[dict[str, Any]], elapsed: float,
                  **fields: Any) -> dict[str, Any]:

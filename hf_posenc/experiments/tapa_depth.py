@@ -20,7 +20,7 @@ from .claims import REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim
 from .config import TAPA_DEPTH_ARM, TapaDepthConfig
 from .corpus import Corpus
 from .length_generalisation import render_from_scratch, run_from_scratch
-from .report import Tests, fmt, plot_settings, tests_explained
+from .report import Tests, analysis, fmt, plot_settings, tests_explained
 from .runner import Summary
 from .stats import Difference, compare, phrase
 
@@ -183,9 +183,8 @@ def analyse(payload: dict[str, Any], config: TapaDepthConfig) -> dict[str, Any]:
     """The analysis fields of ``results.json`` from its runs (``verdict``, ``comparisons``, ``claims``)."""
     summary = Summary.from_results(payload["runs"], config.base.eval_lengths)
     tests = Tests()
-    lines = verdict(summary, payload["floors"], config, tests)
-    claims = paper_claims(summary, config, payload.get("why") or {}, tests)
-    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+    return analysis(tests, verdict(summary, payload["floors"], config, tests),
+                    paper_claims(summary, config, payload.get("why") or {}, tests))
 
 
 def depth_tables(summary: Summary, config: TapaDepthConfig) -> list[str]:

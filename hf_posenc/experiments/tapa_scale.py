@@ -33,7 +33,7 @@ from .config import ModelSettings, TapaScaleConfig
 from .corpus import Corpus, austen_corpus
 from .length_generalisation import arm_cells, prepare, render_from_scratch, run_from_scratch, undecided
 from .prope_gemma_ratio import POWER, sensitivity
-from .report import Tests, plot_settings, plot_summary, publish, tests_explained
+from .report import Tests, analysis, plot_settings, plot_summary, publish, tests_explained
 from .runner import Summary, build_recipe, slug
 from .stats import Difference, compare
 from .tokenizer import VOCAB_SIZE
@@ -349,9 +349,8 @@ def analyse(payload: dict[str, Any], config: TapaScaleConfig) -> dict[str, Any]:
     """The analysis fields of ``results.json`` from its runs (``verdict``, ``comparisons``, ``claims``)."""
     summary = Summary.from_results(payload["runs"], config.base.eval_lengths)
     tests = Tests()
-    lines = verdict(summary, payload["floors"], config, tests)
-    claims = paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests)
-    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+    return analysis(tests, verdict(summary, payload["floors"], config, tests),
+                    paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests))
 
 
 # -- report --------------------------------------------------------------------------------------------------------

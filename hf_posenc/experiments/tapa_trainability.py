@@ -23,7 +23,7 @@ from .claims import REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim
 from .config import TapaTrainabilityConfig
 from .corpus import Corpus
 from .length_generalisation import render_from_scratch, run_from_scratch
-from .report import Tests, tests_explained
+from .report import Tests, analysis, tests_explained
 from .runner import Summary
 
 FLAT_FRACTION = 0.25  # "flat": growth L -> 8L below this fraction of RoPE's (tested paired by seed)
@@ -211,9 +211,8 @@ def analyse(payload: dict[str, Any], config: TapaTrainabilityConfig) -> dict[str
     summary = Summary.from_results(payload["runs"], config.base.eval_lengths)
     references = same_settings_rope(config.variants)
     tests = Tests()
-    lines = verdict(summary, payload["floors"], config.base.context_length, references, tests)
-    claims = paper_claims(summary, payload["floors"], config, references, payload.get("why") or {}, tests)
-    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+    return analysis(tests, verdict(summary, payload["floors"], config.base.context_length, references, tests),
+                    paper_claims(summary, payload["floors"], config, references, payload.get("why") or {}, tests))
 
 
 def render(payload: dict[str, Any], config: TapaTrainabilityConfig) -> str:

@@ -42,7 +42,7 @@ import torch
 
 from .claims import CONFIRMED, REFUTED, UNTESTABLE_HERE, UNTESTABLE_SCALE, Claim, claims_section
 from .config import TapeArithmeticConfig
-from .report import Tests, fmt, make_payload, publish
+from .report import Tests, analysis, fmt, make_payload, publish
 from .runner import Cell, Summary, slug
 from .stats import NO_DIFFERENCE, Difference, compare, t_quantile
 
@@ -668,9 +668,8 @@ def paper_claims(runs: Sequence[dict[str, Any]], config: TapeArithmeticConfig, t
 def analyse(payload: dict[str, Any], config: TapeArithmeticConfig) -> dict[str, Any]:
     """The analysis fields of ``results.json`` from its runs (``verdict``, ``comparisons``, ``claims``)."""
     tests = Tests(negligible=MATERIAL)
-    lines = verdict(payload["runs"], config, payload.get("not_run") or [], tests)
-    claims = paper_claims(payload["runs"], config, tests)
-    return {"verdict": lines, "comparisons": tests.records, "claims": [c.to_dict() for c in claims]}
+    return analysis(tests, verdict(payload["runs"], config, payload.get("not_run") or [], tests),
+                    paper_claims(payload["runs"], config, tests))
 
 
 # -- the report -----------------------------------------------------------------------------------------------------
