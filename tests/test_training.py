@@ -440,12 +440,20 @@ def test_resume_after_kill_repeats_the_loss_trajectory(workspace):
         assert a == pytest.approx(b, rel=1e-5, abs=1e-6), (step, resumed, uninterrupted)
 
 
+def _ctrl_c_as_in_a_terminal() -> None:
+    """In the child before exec: SIGINT delivered and not ignored, as for a command typed in a terminal. A test
+    worker may have inherited SIGINT ignored or blocked (some library's helper process left it so), and a child
+    inherits both, so Python there would never raise KeyboardInterrupt (reproduced: the run trains to the end)."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_resume_refuses_a_changed_recipe_and_ctrl_c_says_how_to_resume(workspace):
-    # far more steps than run before the Ctrl-C: on a loaded machine 40 steps could finish before it lands
+    # far more steps than run before the Ctrl-C, so the run cannot end before it lands
     recipe = _recipe(workspace, "run", training={"max_steps": 2000, "save_steps": 2})
     (workspace / "run.yaml").write_text(yaml.safe_dump(recipe))
     proc = subprocess.Popen(_train_cmd(workspace / "run.yaml"), env=_env(), stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
+                            stderr=subprocess.PIPE, preexec_fn=_ctrl_c_as_in_a_terminal)
     ckpt = workspace / "run" / "checkpoint-2" / "trainer_state.json"
     deadline = time.time() + 120
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
