@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from hf_posenc.selftest.environment import device_name, slug
-from hf_posenc.selftest.timing import sync, time_interleaved
+from hf_posenc.kernels.timing import sync, time_interleaved
 
 RESULTS = Path(__file__).parent / "results"
 

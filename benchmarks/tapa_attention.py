@@ -5,7 +5,7 @@ For each head dim and length: forward and forward+backward, causal, bf16 — med
 (causal FLOPs = standard attention's halved: 2·B·H·L²·D forward, ×3.5 for forward+backward), peak
 memory. Then decode (one query against an L-token cache): tokens/s of the kernel vs SDPA. Ratios
 kernel/SDPA (time) and eager/kernel (time). Results go to benchmarks/results/tapa_attention-<device>.json.
-The measuring code is `hf_posenc.selftest.timing`, shared with `hf-posenc selftest`.
+The measuring code is `hf_posenc.kernels.tapa.selftest` (on `hf_posenc.kernels.timing`), shared with `hf-posenc selftest`.
 
 Usage:
   python benchmarks/tapa_attention.py [--lengths 1024 2048 ... 32768] [--head-dims 64 128]
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from common import RESULTS, device_name, slug  # noqa: E402
 
-from hf_posenc.selftest.timing import bench_decode, bench_prefill  # noqa: E402
+from hf_posenc.kernels.tapa.selftest import bench_decode, bench_prefill  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> Path:

@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 from common import device_name, time_interleaved, write_results  # noqa: E402
 
 from hf_posenc.kernels.tapa import tapa_attention_chunked, tapa_attention_reference  # noqa: E402
-from hf_posenc.selftest.timing import apply_rope, rope_tables, sdpa_flash  # noqa: E402
+from hf_posenc.kernels.timing import apply_rope, rope_tables, sdpa_flash  # noqa: E402
 
 B, HQ, HKV, D = 1, 9, 3, 64  # SmolLM2-135M
 CANDIDATES = ("sdpa_rope", "tapa_reference", "tapa_chunked")

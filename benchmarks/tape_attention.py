@@ -10,7 +10,7 @@ Variants, all at the same shapes (bf16 on GPU):
 attention core (projections are identical for both methods and left out). `--scope op` times the
 attention core alone on pre-rotated q/k. Reports medians (round-robin timing), TFLOP/s, peak CUDA memory
 and ratios to rope; the target is fused <= 1.3x rope. Writes benchmarks/results/tape_attention-<device>.json.
-The measuring code is `hf_posenc.selftest.timing`, shared with `hf-posenc selftest`.
+The measuring code is `hf_posenc.kernels.tape.selftest` (on `hf_posenc.kernels.timing`), shared with `hf-posenc selftest`.
 
 Usage: python benchmarks/tape_attention.py [--lengths 1024,2048,4096,8192,16384] [--repeats 10]
        python benchmarks/tape_attention.py --smoke     # tiny CPU case through the same code (interpreter)
@@ -73,7 +73,7 @@ def main() -> None:
     args = parse_args()
     from common import write_results
 
-    from hf_posenc.selftest.timing import MODES, TAPE_TARGET_RATIO, TapeBenchShape, bench_tape_length
+    from hf_posenc.kernels.tape.selftest import MODES, TAPE_TARGET_RATIO, TapeBenchShape, bench_tape_length
 
     device = torch.device(args.device)
     dtype = DTYPES[args.dtype]

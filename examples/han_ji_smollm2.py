@@ -30,7 +30,7 @@ from transformers import AutoModelForCausalLM
 
 import hf_posenc.models
 from hf_posenc import diagnostics as dg
-from hf_posenc.experiments.corpus import HELDOUT, load_austen
+from hf_posenc_experiments.corpus import HELDOUT, load_austen
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from diagnostics_smollm2 import DISENT_LAYERS, DISENT_TOKENS, ExplicitMask  # noqa: E402 (the same settings)

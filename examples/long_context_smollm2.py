@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from hf_posenc.evaluation import evaluate_schemes, write_report
     from hf_posenc.evaluation.cli import load_model, load_tokenizer
-    from hf_posenc.experiments.corpus import austen_corpus
+    from hf_posenc_experiments.corpus import austen_corpus
     from hf_posenc.models import smollm2_gguf
 
     directory, gguf = smollm2_gguf()

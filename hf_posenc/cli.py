@@ -10,7 +10,7 @@ import argparse
 import json
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Mapping
 
 
 def _parse_options(pairs: list[str]) -> dict[str, Any]:
@@ -164,12 +164,6 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     return run_diagnose(args)
 
 
-def cmd_experiment(args: argparse.Namespace) -> int:
-    from .experiments.cli import run_experiment
-
-    return run_experiment(args)
-
-
 def cmd_selftest(args: argparse.Namespace) -> int:
     from .selftest.cli import run_selftest_command
 
@@ -179,18 +173,24 @@ def cmd_selftest(args: argparse.Namespace) -> int:
 # subcommand (hf_posenc_cli.arguments.SUBCOMMANDS) -> what runs it
 COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "info": cmd_info, "patch": cmd_patch, "export": cmd_export, "families": cmd_families, "demo": cmd_demo,
-    "train": cmd_train, "eval": cmd_eval, "diagnose": cmd_diagnose, "experiment": cmd_experiment,
-    "selftest": cmd_selftest,
-}
+    "train": cmd_train, "eval": cmd_eval, "diagnose": cmd_diagnose, "selftest": cmd_selftest,
+}  # `experiment` runs from hf_posenc_cli (hf_posenc_experiments lives outside the library)
 
 
-def run_command(args: argparse.Namespace) -> int:
-    """Run a parsed command line (:func:`hf_posenc_cli.arguments.parse`); a bad value is reported as
+def run_command(args: argparse.Namespace,
+                commands: Mapping[str, Callable[[argparse.Namespace], int]] | None = None) -> int:
+    """Run a parsed command line (:func:`hf_posenc_cli.arguments.parse`) with :data:`COMMANDS` and ``commands``
+    (those of packages outside the library: :data:`hf_posenc_cli.OUTSIDE_THE_LIBRARY`); a bad value is reported as
     ``hf-posenc COMMAND: error: ...`` with exit status 2 (``train`` reports its own)."""
+    table = {**COMMANDS, **(commands or {})}
+    if args.command not in table:
+        print(f"hf-posenc {args.command}: error: run it with the hf-posenc command "
+              f"(or python -m hf_posenc_cli {args.command})", file=sys.stderr)
+        return 2
     if args.command == "train":
-        return COMMANDS["train"](args)
+        return table["train"](args)
     try:
-        return COMMANDS[args.command](args)
+        return table[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, OSError, ImportError) as exc:  # ImportError: names the install
         print(f"hf-posenc {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -21,7 +21,7 @@ NEEDLE_TASKS = ("single", "multikey", "multivalue")
 EVAL_TASKS = ("ppl", "passkey", "needle") + tuple(f"needle_{t}" for t in NEEDLE_TASKS)
 NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
-# experiment name -> its module in hf_posenc.experiments and its config in hf_posenc.experiments.cli.CONFIGS
+# experiment name -> its module in hf_posenc_experiments and its config in hf_posenc_experiments.cli.CONFIGS
 EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth",
                "tapa_scale", "tape_arithmetic")
 EXPERIMENT_SIZES = ("toy", "small", "gpu")  # gpu: only the experiments made for a GPU
@@ -275,7 +275,7 @@ def add_diagnose_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
-    """``hf-posenc experiment NAME [--size toy|small] ...`` (see hf_posenc.experiments.cli)."""
+    """``hf-posenc experiment NAME [--size toy|small] ...`` (see hf_posenc_experiments.cli)."""
     parser.add_argument("name", choices=EXPERIMENTS, help="which experiment")
     parser.add_argument("--size", choices=EXPERIMENT_SIZES, default="small",
                         help="toy: seconds (smoke test); small: the committed CPU results (default); gpu: the "

@@ -39,7 +39,7 @@ step selftest-fp32 "${CHECKS_LIMIT:-300}" "$py" -m hf_posenc.selftest --no-timin
 fp32=$!
 experiments=()
 for name in ${EXPERIMENTS-tape_arithmetic tapa_scale}; do
-    step "experiment-$name" "${EXPERIMENT_LIMIT:-330}" "$py" -m hf_posenc.cli experiment "$name" --size gpu \
+    step "experiment-$name" "${EXPERIMENT_LIMIT:-330}" "$py" -m hf_posenc_cli experiment "$name" --size gpu \
         --out "$out/experiment-$name" --work "$out/work-$name" &
     experiments+=($!)
 done

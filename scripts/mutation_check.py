@@ -36,7 +36,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COPIED = ("hf_posenc", "hf_posenc_cli", "tests", "recipes", "pyproject.toml", "README.md", "docs")  # what the tests import or read
+COPIED = ("hf_posenc", "hf_posenc_cli", "hf_posenc_experiments", "tests", "recipes", "pyproject.toml", "README.md", "docs")  # what the tests import or read
 GUARD_MODULE = "_mutation_guard"
 GUARD_OK = "MUTATION-GUARD hf_posenc imported from the copy"
 GUARD = f'''"""Written by scripts/mutation_check.py: fail the run if hf_posenc is not the mutated copy's."""
@@ -473,7 +473,7 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the teacher-forced key accuracy ranks the right digit among the ten digits, not among every token",
     ),
     Mutation(
-        "reproduction-interval-ignores-the-new-seeds", "hf_posenc/experiments/reproduce.py",
+        "reproduction-interval-ignores-the-new-seeds", "hf_posenc_experiments/reproduce.py",
         "half = t * stats[\"sd\"] * math.sqrt(1 / n + 1 / m)",
         "half = t * stats[\"sd\"] * math.sqrt(1 / n)",
         ("tests/test_experiments.py::test_reproducibility_uses_the_prediction_interval_of_a_mean",),

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_posenc.experiments.corpus import find_janeaustenr
+from hf_posenc_experiments.corpus import find_janeaustenr
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -22,8 +22,8 @@ def austen():
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    """``python -m hf_posenc.cli ARGS`` in a fresh process without the test suite's TRITON_INTERPRET (TAPA takes
+    """``python -m hf_posenc_cli ARGS`` in a fresh process without the test suite's TRITON_INTERPRET (TAPA takes
     its CPU path), as a user runs it."""
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    return subprocess.run([sys.executable, "-m", "hf_posenc.cli", *args], cwd=ROOT, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hf_posenc_cli", *args], cwd=ROOT, env=env, capture_output=True,
                           text=True, timeout=900)

@@ -373,10 +373,22 @@ def test_the_installed_command_answers_help_at_once():
 
 def test_every_subcommand_and_experiment_the_command_line_names_runs():
     from hf_posenc.cli import COMMANDS
-    from hf_posenc.experiments.cli import CONFIGS
+    from hf_posenc_cli import OUTSIDE_THE_LIBRARY
     from hf_posenc_cli.arguments import EXPERIMENTS, SUBCOMMANDS
+    from hf_posenc_experiments.cli import CONFIGS
 
-    assert tuple(COMMANDS) == tuple(SUBCOMMANDS) and tuple(CONFIGS) == EXPERIMENTS
+    assert sorted({**COMMANDS, **OUTSIDE_THE_LIBRARY}) == sorted(SUBCOMMANDS) and tuple(CONFIGS) == EXPERIMENTS
+    assert not set(COMMANDS) & set(OUTSIDE_THE_LIBRARY)
+
+
+def test_the_library_alone_refuses_the_experiment_command_naming_the_console_command(capsys):
+    """`python -m hf_posenc.cli experiment ...`: the research harness is outside the library, so the library's own
+    entry point says where the command runs instead of failing with a KeyError."""
+    from hf_posenc.cli import main
+
+    assert main(["experiment", "tapa_depth", "--size", "toy"]) == 2
+    err = capsys.readouterr().err
+    assert "python -m hf_posenc_cli experiment" in err
 
 
 def test_parser_option_strings_subcommands_and_their_parsers():

@@ -1,4 +1,4 @@
-"""TAPA at 15M parameters (hf_posenc.experiments.tapa_scale, issue #33 §3): the toy end to end through the command
+"""TAPA at 15M parameters (hf_posenc_experiments.tapa_scale, issue #33 §3): the toy end to end through the command
 line, the gpu preset's settings against the issue and the paper (parameter count of the model Transformers
 builds, 8 layers, head dim 64, L = 256 evaluated to 16L, TAPA at a third to a fifth of RoPE's rate, the
 optimiser reaching the recipe), the reading of planted results, and the background warm-up that compiles the
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hf_posenc.experiments.config import (
+from hf_posenc_experiments.config import (
     TAPA_DEPTH_ARM, TAPA_DEPTH_VARIANTS, TAPA_SCALE_LEARNING_RATE, TapaScaleConfig,
 )
 from experiment_cli import austen, run_cli as _run_cli  # noqa: F401 (austen: a fixture)
@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def test_tapa_scale_toy_end_to_end(austen, tmp_path):
     import yaml
 
-    from hf_posenc.experiments.runner import slug
+    from hf_posenc_experiments.runner import slug
 
     out, work = tmp_path / "out", tmp_path / "work"
     proc = _run_cli("experiment", "tapa_scale", "--size", "toy", "--seeds", "2", "--out", str(out), "--work",
@@ -59,8 +59,8 @@ def test_tapa_scale_toy_end_to_end(austen, tmp_path):
 def test_gpu_preset_is_the_issues_model_and_the_papers_optimiser():
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from hf_posenc.experiments.tapa_scale import SMALL_MODEL_GAPS, parameter_count
-    from hf_posenc.experiments.tokenizer import VOCAB_SIZE
+    from hf_posenc_experiments.tapa_scale import SMALL_MODEL_GAPS, parameter_count
+    from hf_posenc_experiments.tokenizer import VOCAB_SIZE
 
     config = TapaScaleConfig.preset("gpu")
     base, model = config.base, config.base.model
@@ -110,8 +110,8 @@ def _planted(rope, tapa, theta):
 
 
 def test_the_answer_reads_planted_results():
-    from hf_posenc.experiments.claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE
-    from hf_posenc.experiments.tapa_scale import analyse
+    from hf_posenc_experiments.claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE
+    from hf_posenc_experiments.tapa_scale import analyse
 
     config = TapaScaleConfig.preset("gpu")
     # the 0.1M-parameter gap again (+0.40, +0.30): still above RoPE, as large as the small models' at θ = 0.5
@@ -136,9 +136,9 @@ def test_the_answer_reads_planted_results():
 def test_warm_up_trains_a_one_layer_copy_of_each_tapa_arm_in_the_background(austen, tmp_path, monkeypatch):
     import dataclasses
 
-    from hf_posenc.experiments.corpus import austen_corpus
-    from hf_posenc.experiments.length_generalisation import prepare
-    from hf_posenc.experiments.tapa_scale import stop, warm_up
+    from hf_posenc_experiments.corpus import austen_corpus
+    from hf_posenc_experiments.length_generalisation import prepare
+    from hf_posenc_experiments.tapa_scale import stop, warm_up
 
     toy = TapaScaleConfig.preset("toy", seeds=1)
     config = dataclasses.replace(toy, variants={k: toy.variants[k] for k in ("RoPE", "TAPA theta=0.75")})

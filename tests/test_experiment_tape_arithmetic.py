@@ -1,4 +1,4 @@
-"""The TAPE arithmetic experiment (hf_posenc.experiments.tape_arithmetic): the reversed-digit addition data against
+"""The TAPE arithmetic experiment (hf_posenc_experiments.tape_arithmetic): the reversed-digit addition data against
 Python's integers, the answer-only labels, exact match scored teacher-forced against a greedy decoding loop, the
 accuracy by length and over the heatmap, the presets, the time budget and the resume from cached runs, and the
 toy end to end through the command line (with --render-only)."""
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from hf_posenc.experiments import tape_arithmetic as ta
-from hf_posenc.experiments.claims import CLAIMS_HEADING, STATUSES
-from hf_posenc.experiments.config import TapeArithmeticConfig
+from hf_posenc_experiments import tape_arithmetic as ta
+from hf_posenc_experiments.claims import CLAIMS_HEADING, STATUSES
+from hf_posenc_experiments.config import TapeArithmeticConfig
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,7 +164,7 @@ def test_toy_end_to_end_through_the_command_line(tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # as a user runs it
 
     def cli(*extra: str) -> subprocess.CompletedProcess:
-        proc = subprocess.run([sys.executable, "-m", "hf_posenc.cli", "experiment", "tape_arithmetic", "--size", "toy",
+        proc = subprocess.run([sys.executable, "-m", "hf_posenc_cli", "experiment", "tape_arithmetic", "--size", "toy",
                                "--seeds", "2", "--out", str(out), "--work", str(work), "--no-progress", *extra],
                               cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-3000:]

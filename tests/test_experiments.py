@@ -1,4 +1,4 @@
-"""Miniature experiments (hf_posenc.experiments): the R data reader against bytes written from R's serialization
+"""Miniature experiments (hf_posenc_experiments): the R data reader against bytes written from R's serialization
 spec, the byte tokenizer, the n-gram floors against hand-computed values, the TAPA CPU path with a batch of
 position ids (what the trainer passes), the toy experiments end to end through the CLI, the statistics every
 comparison carries (t quantiles, paired and Welch intervals against hand-computed values), the rotation angles
@@ -21,12 +21,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_posenc.experiments.claims import CLAIMS_HEADING, STATUSES
-from hf_posenc.experiments.config import LengthGeneralisationConfig
-from hf_posenc.experiments.corpus import ngram_entropies
-from hf_posenc.experiments.rdata import RDataError, read_lazyload, unserialize
-from hf_posenc.experiments.runner import mean_sd, scheme_fields
-from hf_posenc.experiments.tokenizer import byte_tokenizer
+from hf_posenc_experiments.claims import CLAIMS_HEADING, STATUSES
+from hf_posenc_experiments.config import LengthGeneralisationConfig
+from hf_posenc_experiments.corpus import ngram_entropies
+from hf_posenc_experiments.rdata import RDataError, read_lazyload, unserialize
+from hf_posenc_experiments.runner import mean_sd, scheme_fields
+from hf_posenc_experiments.tokenizer import byte_tokenizer
 
 from experiment_cli import austen, run_cli as _run_cli  # noqa: F401 (austen: a fixture)
 
@@ -195,13 +195,13 @@ def _runs(rows: dict[str, dict[int, list[float]]]) -> list[dict]:
 
 
 def _summary(rows: dict[str, dict[int, list[float]]]):
-    from hf_posenc.experiments.runner import Summary
+    from hf_posenc_experiments.runner import Summary
 
     return Summary.from_results(_runs(rows), sorted(next(iter(rows.values()))))
 
 
 def test_tapa_sweep_classifies_match_and_flatness():
-    from hf_posenc.experiments.tapa_trainability import classify, verdict
+    from hf_posenc_experiments.tapa_trainability import classify, verdict
 
     floors = {"unigram": 3.0, "bigram": 2.4}
     rope = {64: [1.79, 1.80, 1.81], 512: [2.15, 2.20, 2.25]}  # grows by 0.36, 0.40, 0.44
@@ -234,7 +234,7 @@ def test_tapa_sweep_classifies_match_and_flatness():
 
 
 def test_sweep_variants_change_only_their_setting():
-    from hf_posenc.experiments.config import TAPA_VARIANTS, TapaTrainabilityConfig, Variant
+    from hf_posenc_experiments.config import TAPA_VARIANTS, TapaTrainabilityConfig, Variant
 
     config = TapaTrainabilityConfig.preset("small")
     arms = config.arms()
@@ -252,7 +252,7 @@ def test_sweep_variants_change_only_their_setting():
     with pytest.raises(ValueError, match="cop"):
         LengthGeneralisationConfig(**{**LengthGeneralisationConfig.preset("toy").__dict__, "schemes": {"x": "cop"}})
     labels = [label for label in TAPA_VARIANTS]
-    from hf_posenc.experiments.runner import slug
+    from hf_posenc_experiments.runner import slug
 
     assert len({slug(label) for label in labels}) == len(labels)  # one run directory per arm
 
@@ -267,7 +267,7 @@ def _toy_experiment(name: str, tmp_path: Path) -> tuple[dict, Path, Path]:
 
 
 def test_tapa_trainability_toy_end_to_end(austen, tmp_path):
-    from hf_posenc.experiments.config import TapaTrainabilityConfig
+    from hf_posenc_experiments.config import TapaTrainabilityConfig
 
     data, out, work = _toy_experiment("tapa_trainability", tmp_path)
     config = TapaTrainabilityConfig.preset("toy", seeds=1)
@@ -318,15 +318,15 @@ def test_key_digit_accuracy_counts_digits_ranked_first():
 def test_context_extension_toy_end_to_end(austen, tmp_path):
     import yaml
 
-    from hf_posenc.experiments.config import ContextExtensionConfig
-    from hf_posenc.experiments.context_extension import BASE_LABEL
+    from hf_posenc_experiments.config import ContextExtensionConfig
+    from hf_posenc_experiments.context_extension import BASE_LABEL
 
     data, out, work = _toy_experiment("context_extension", tmp_path)
     config = ContextExtensionConfig.preset("toy", seeds=1)
     assert [r["label"] for r in data["runs"]] == [BASE_LABEL, *config.schemes]
     base_model = str(work / "runs" / "base" / "run" / "model")
     for label, spec in config.schemes.items():
-        from hf_posenc.experiments.runner import slug
+        from hf_posenc_experiments.runner import slug
 
         run_dir = work / "runs" / slug(label) / "seed0" / "run"
         recipe = yaml.safe_load((run_dir / "recipe.yaml").read_text())
@@ -354,8 +354,8 @@ def test_context_extension_toy_end_to_end(austen, tmp_path):
 
 # -- p-RoPE at Gemma's ratio, TAPA by depth (issue #33) ---------------------------------------------------------
 def test_prope_gemma_ratio_toy_end_to_end(austen, tmp_path):
-    from hf_posenc.experiments.config import PropeGemmaRatioConfig
-    from hf_posenc.experiments.runner import slug
+    from hf_posenc_experiments.config import PropeGemmaRatioConfig
+    from hf_posenc_experiments.runner import slug
 
     data, out, work = _toy_experiment("prope_gemma_ratio", tmp_path)
     config = PropeGemmaRatioConfig.preset("toy", seeds=1)
@@ -375,11 +375,11 @@ def test_prope_gemma_ratio_toy_end_to_end(austen, tmp_path):
 
 
 def test_prope_gemma_ratio_settings_and_what_the_design_can_detect():
-    from hf_posenc.experiments.claims import angle, turns
-    from hf_posenc.experiments.config import PropeGemmaRatioConfig
-    from hf_posenc.experiments.prope_gemma_ratio import P75, paper_claims, paper_relative, sensitivity
-    from hf_posenc.experiments.report import Tests
-    from hf_posenc.experiments.stats import paired, t_quantile
+    from hf_posenc_experiments.claims import angle, turns
+    from hf_posenc_experiments.config import PropeGemmaRatioConfig
+    from hf_posenc_experiments.prope_gemma_ratio import P75, paper_claims, paper_relative, sensitivity
+    from hf_posenc_experiments.report import Tests
+    from hf_posenc_experiments.stats import paired, t_quantile
 
     config = PropeGemmaRatioConfig.preset("small")
     assert (config.context_length, config.model.rope_theta, config.seeds, config.eval_lengths) == (64, 78, 10, [64])
@@ -409,8 +409,8 @@ def test_prope_gemma_ratio_settings_and_what_the_design_can_detect():
 
 
 def test_tapa_depth_toy_end_to_end(austen, tmp_path):
-    from hf_posenc.experiments.config import TAPA_DEPTH_ARM, TapaDepthConfig
-    from hf_posenc.experiments.runner import slug
+    from hf_posenc_experiments.config import TAPA_DEPTH_ARM, TapaDepthConfig
+    from hf_posenc_experiments.runner import slug
 
     data, out, work = _toy_experiment("tapa_depth", tmp_path)
     config = TapaDepthConfig.preset("toy", seeds=1)
@@ -431,8 +431,8 @@ def test_tapa_depth_toy_end_to_end(austen, tmp_path):
 
 
 def test_tapa_depth_trains_the_sweeps_best_setting_and_reads_the_change_with_depth():
-    from hf_posenc.experiments.config import TAPA_DEPTH_ARM, TapaDepthConfig
-    from hf_posenc.experiments.tapa_depth import answer, gaps
+    from hf_posenc_experiments.config import TAPA_DEPTH_ARM, TapaDepthConfig
+    from hf_posenc_experiments.tapa_depth import answer, gaps
 
     sweep = json.loads((ROOT / "examples" / "experiments" / "tapa-trainability" / "results.json").read_text())
     nll = {k: v["64"]["mean"] for k, v in sweep["summary"]["heldout_nll"].items() if k.startswith("TAPA")}
@@ -463,7 +463,7 @@ def test_tapa_depth_trains_the_sweeps_best_setting_and_reads_the_change_with_dep
 
 # -- reproducibility --------------------------------------------------------------------------------------------
 def test_t_quantiles_match_the_tables():
-    from hf_posenc.experiments.reproduce import t_quantile
+    from hf_posenc_experiments.reproduce import t_quantile
 
     for df, value in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)):
         assert t_quantile(0.975, df) == pytest.approx(value, abs=1e-3)
@@ -476,7 +476,7 @@ def _report(seeds, rows):
 
 
 def test_reproducibility_uses_the_prediction_interval_of_a_mean():
-    from hf_posenc.experiments.reproduce import compare
+    from hf_posenc_experiments.reproduce import compare
 
     committed = _report(3, {"RoPE": {64: (1.80, 0.01), 128: (1.90, 0.01)}, "NoPE": {64: (2.40, 0.0)}})
     # half width for n = 3 committed, m = 1 new seed: 4.303 * 0.01 * sqrt(1/3 + 1) = 0.0497
@@ -495,7 +495,7 @@ def test_tapa_phase_scale_reads_the_phase_half_of_q_and_k():
     """Doubling the phase half of W_q doubles every quadratic phase; doubling the amplitude half changes none;
     the d = 1 -> 2 change is the phase times 2^alpha - 1."""
     import hf_posenc
-    from hf_posenc.experiments.why import tapa_phase_scale
+    from hf_posenc_experiments.why import tapa_phase_scale
     from hf_posenc.patching import scheme_record
     from tiny import random_ids, tiny_model
 
@@ -548,7 +548,7 @@ def test_tapa_recipe_ships_the_settings_the_committed_sweep_found():
 
 # -- the tests every comparison carries (stats), and the claims -------------------------------------------------
 def test_t_distribution_matches_the_tables_and_mpmath():
-    from hf_posenc.experiments.stats import t_cdf, t_quantile
+    from hf_posenc_experiments.stats import t_cdf, t_quantile
 
     for df, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
         assert t_quantile(0.975, df) == pytest.approx(value, abs=1e-4)
@@ -562,7 +562,7 @@ def test_t_distribution_matches_the_tables_and_mpmath():
 
 
 def test_paired_interval_by_hand():
-    from hf_posenc.experiments.stats import compare, paired
+    from hf_posenc_experiments.stats import compare, paired
 
     # differences 0.5, 1.0, 0.9: mean 0.8, sd sqrt(0.07), half width t_{0.975,2} sqrt(0.07 / 3)
     d = paired([1.0, 2.0, 3.0], [0.5, 1.0, 2.1])
@@ -575,7 +575,7 @@ def test_paired_interval_by_hand():
 
 
 def test_welch_interval_by_hand():
-    from hf_posenc.experiments.stats import compare, welch
+    from hf_posenc_experiments.stats import compare, welch
 
     # equal variances (1) and sizes (3): se = sqrt(2/3), df = 2 (n - 1) = 4, t_{0.975,4} = 2.776445
     d = welch([1.0, 2.0, 3.0], [3.0, 4.0, 5.0])
@@ -598,9 +598,9 @@ def test_welch_interval_by_hand():
 
 
 def test_an_interval_containing_zero_reads_no_difference_never_a_ranking():
-    from hf_posenc.experiments.length_generalisation import verdict
-    from hf_posenc.experiments.report import Tests, markdown_table
-    from hf_posenc.experiments.stats import NO_DIFFERENCE, welch
+    from hf_posenc_experiments.length_generalisation import verdict
+    from hf_posenc_experiments.report import Tests, markdown_table
+    from hf_posenc_experiments.stats import NO_DIFFERENCE, welch
 
     text = Tests().item("A - B", welch([1.0, 2.0, 3.0], [3.0, 4.0, 5.0]), "higher loss than B", "lower loss than B")
     assert text == f"A - B -2.000 [-4.267, +0.267] (Welch, n = 3 and 3, df = 4.0): {NO_DIFFERENCE}"
@@ -623,7 +623,7 @@ def test_an_interval_containing_zero_reads_no_difference_never_a_ranking():
 
 
 def test_rotation_angles_behind_cannot_be_tested():
-    from hf_posenc.experiments.claims import PROPE_PAPER, angle, changed_frequencies, reach, turn
+    from hf_posenc_experiments.claims import PROPE_PAPER, angle, changed_frequencies, reach, turn
 
     assert changed_frequencies("cope", 32) == [11, 12, 13, 14, 15]  # 20 of 64 scaled to 16 frequencies
     assert changed_frequencies("prope:p=0.75", 32) == [12, 13, 14, 15] and changed_frequencies("tapa", 32) == []
@@ -649,15 +649,15 @@ def test_committed_results_md_is_what_its_json_renders(folder):
     analysis stored in the JSON is what the runs give now, and the Markdown is exactly the rendering."""
     import importlib
 
-    from hf_posenc.experiments.report import ANALYSIS_FIELDS, config_of
-    from hf_posenc.experiments.runner import Summary
+    from hf_posenc_experiments.report import ANALYSIS_FIELDS, config_of
+    from hf_posenc_experiments.runner import Summary
     from hf_posenc.results_io import dumps
 
     out = ROOT / "examples" / "experiments" / folder
     payload = json.loads((out / "results.json").read_text())
     assert json.loads(dumps(Summary.from_results(payload["runs"], payload["summary"]["lengths"]).to_dict())) == \
         payload["summary"]
-    module = importlib.import_module(f"hf_posenc.experiments.{payload['experiment']}")
+    module = importlib.import_module(f"hf_posenc_experiments.{payload['experiment']}")
     config = config_of(payload)
     analysis = json.loads(dumps(module.analyse(payload, config)))
     assert {k: payload[k] for k in ANALYSIS_FIELDS} == analysis
@@ -710,7 +710,7 @@ def test_docs_quote_the_committed_intervals():
 def test_a_missing_text_is_installed_on_first_use_in_a_source_checkout(tmp_path, monkeypatch, capsys):
     """The experiments install Jane Austen's novels themselves where they are missing (the install script of the
     checkout, here a stand-in that unpacks a placeholder); a failing install names the script and apt-get."""
-    from hf_posenc.experiments import corpus
+    from hf_posenc_experiments import corpus
 
     monkeypatch.setenv("HF_POSENC_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(corpus, "_RDATA", Path("pkg/Rdata"))

@@ -1,7 +1,8 @@
 """The package's layers (pyproject.toml, [tool.importlinter]): upstream <- kernels <- schemes <- core <- io <- apps <- front,
 each importing only the ones below it, every top-level module placed in a layer. Checked with import-linter on
 the package as it is, and shown to fail on a copy where a lower layer imports a higher one. A second contract keeps
-the command line's argument parsers (hf_posenc_cli/arguments.py) free of hf_posenc, torch and Transformers."""
+the command line's argument parsers (hf_posenc_cli/arguments.py) free of hf_posenc, torch and Transformers, and a third
+keeps the research harness (hf_posenc_experiments) out of the library."""
 
 from __future__ import annotations
 
@@ -27,7 +28,8 @@ def _lint(root: Path) -> subprocess.CompletedProcess:
 
 def _copy(tmp_path: Path) -> Path:
     shutil.copytree(ROOT / "hf_posenc", tmp_path / "hf_posenc", ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(ROOT / "hf_posenc_cli", tmp_path / "hf_posenc_cli", ignore=shutil.ignore_patterns("__pycache__"))
+    for package in ("hf_posenc_cli", "hf_posenc_experiments"):
+        shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
     return tmp_path
 
@@ -35,7 +37,7 @@ def _copy(tmp_path: Path) -> Path:
 def test_the_layer_contract_holds():
     run = _lint(ROOT)
     assert run.returncode == 0, run.stdout + run.stderr
-    assert "2 kept, 0 broken" in run.stdout
+    assert "3 kept, 0 broken" in run.stdout
 
 
 def test_a_lower_layer_importing_a_higher_one_breaks_the_contract(tmp_path):
@@ -53,6 +55,17 @@ def test_a_module_outside_every_layer_breaks_the_contract(tmp_path):
     (root / "hf_posenc" / "stray.py").write_text('"""A new top-level module nobody placed in a layer."""\n')
     run = _lint(root)
     assert run.returncode == 1 and "hf_posenc.stray" in run.stdout, run.stdout + run.stderr
+
+
+def test_the_library_importing_the_experiments_breaks_their_contract(tmp_path):
+    """hf_posenc_experiments (the research harness) sits beside the library: hf_posenc may not import it."""
+    root = _copy(tmp_path)
+    evaluation = root / "hf_posenc" / "evaluation" / "__init__.py"
+    evaluation.write_text(evaluation.read_text() + "\n\ndef _austen():\n    from hf_posenc_experiments import corpus\n\n"
+                          "    return corpus\n")
+    run = _lint(root)
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "hf_posenc.evaluation -> hf_posenc_experiments.corpus" in run.stdout, run.stdout
 
 
 def test_the_argument_parsers_importing_hf_posenc_break_their_contract(tmp_path):

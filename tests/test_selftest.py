@@ -146,7 +146,7 @@ def test_the_registered_schemes_name_what_is_checked_and_timed(monkeypatch):
     in registration order, with the CPU's own paths on CPU only."""
     from hf_posenc.schemes import SCHEMES
 
-    assert [f.__name__ for f in checks.families()] == ["hf_posenc.selftest.tapa", "hf_posenc.selftest.tape"]
+    assert [f.__name__ for f in checks.families()] == ["hf_posenc.kernels.tapa.selftest", "hf_posenc.kernels.tape.selftest"]
     assert {c.kernel for c in build_cases(SHAPES["tiny"], ("fp32",), torch.device("cuda"))} == {"tapa", "tape"}
     monkeypatch.setattr(SCHEMES["tape"], "selftest", None)
     assert {c.kernel for c in build_cases(SHAPES["tiny"], ("fp32",), torch.device("cpu"))} == {"tapa", "tapa_chunked"}

@@ -97,7 +97,8 @@ class SchemeConfig:
     computes_attention: ClassVar[bool] = False
     # The scheme's options count over the whole head width (TAPA splits each head), not the rotated pairs.
     whole_head: ClassVar[bool] = False
-    # The module that checks and times the scheme's kernels in `hf-posenc selftest` (selftest.checks.families), or None.
+    # The module that checks and times the scheme's kernels in `hf-posenc selftest` (selftest.checks.families), in
+    # its kernel package (kernels/tapa/selftest.py), or None.
     selftest: ClassVar[str | None] = None
 
     def model_refusal(self, model: Any) -> str | None:

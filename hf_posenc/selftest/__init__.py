@@ -7,8 +7,10 @@ report = run_selftest()                 # CUDA when available, else CPU through 
 print(report.format()); assert report.passed, report.failures
 ```
 
-The timing code is the one `benchmarks/tapa_attention.py` and `benchmarks/tape_attention.py` run
-(`hf_posenc.selftest.timing`). Importing this package imports no kernel (see `environment.py`).
+Each scheme with kernels names its cases, kernels and timing in its kernel package (``SchemeConfig.selftest``:
+``hf_posenc/kernels/tapa/selftest.py``, ``kernels/tape/selftest.py``); the timing code is the one
+`benchmarks/tapa_attention.py` and `benchmarks/tape_attention.py` run. Importing this package imports no kernel
+(see `environment.py`).
 """
 
 from .checks import TOLERANCES, CheckCase, CheckResult

@@ -1,5 +1,7 @@
 """Every fast kernel against its readable reference, on fresh random inputs: the shared machinery. Each scheme
-names the module with its cases and kernels (``SchemeConfig.selftest``, :func:`families`: ``tapa.py``, ``tape.py``).
+names the module with its cases and kernels, in its kernel package (``SchemeConfig.selftest``, :func:`families`:
+``kernels/tapa/selftest.py``, ``kernels/tape/selftest.py``), built on :mod:`hf_posenc.kernels.checks` and
+:mod:`hf_posenc.kernels.timing`.
 
 Each case runs the fast path (a Triton kernel; on CPU also a CPU path such as TAPA's chunked one) in the case's
 dtype, and the reference (`tapa_attention_reference`, TAPA paper eq. 12 / 16; `tape_attention_reference`,
@@ -41,27 +43,14 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..kernels.checks import CheckCase, CheckShapes, case_shapes
+
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 TOLERANCES = {"fp32": 2e-3, "fp16": 5e-3, "bf16": 2e-2}  # outputs
 GRADIENT_TOLERANCES = {"fp32": 2e-3, "fp16": 1e-2, "bf16": 5e-2}  # input gradients (module docstring)
 GRADIENTS = ("dq", "dk", "dv", "de")  # the names of input gradients in CheckResult.errors
 OUTPUT_FLOOR = 0.05  # f of the row-relative error for outputs
 GRADIENT_FLOOR = 1.0  # ... and for input gradients
-
-
-@dataclass(frozen=True)
-class CheckShapes:
-    """Shapes of one check preset. `length` is Lq = Lk of prefill cases, `chunk` the query length of the
-    chunked-prefill case (Lq < Lk = length), `decode_length` the cache of the decode cases."""
-
-    batch: int
-    q_heads: int
-    kv_heads: int
-    length: int
-    head_dims: tuple[int, ...]
-    decode_length: int
-    window: int
-    chunk: int
 
 
 SHAPES = {
@@ -72,35 +61,6 @@ SHAPES = {
     "tiny": CheckShapes(batch=1, q_heads=2, kv_heads=1, length=20, head_dims=(16,), decode_length=40,
                         window=6, chunk=8),
 }
-
-
-@dataclass(frozen=True)
-class CheckCase:
-    """One comparison: `kernel` (in its family's KERNELS), `variant` names the situation, `options` are the kernel's
-    keyword arguments, `masking` adds left padding ("padding") or packed documents ("segments") to the inputs."""
-
-    kernel: str
-    variant: str
-    dtype: str
-    batch: int
-    q_heads: int
-    kv_heads: int
-    q_len: int
-    k_len: int
-    head_dim: int
-    backward: bool
-    options: tuple[tuple[str, object], ...] = ()
-    masking: str = "none"
-    e_dim: int = 0  # > 0: a positional-state input of this width (TAPE's E)
-    positions: bool = False  # with "padding", positions counted over real tokens (TAPA's distances)
-
-    @property
-    def name(self) -> str:
-        return f"{self.kernel}/{self.variant}/D{self.head_dim}/{self.dtype}"
-
-    def describe(self) -> dict:
-        return {"B": self.batch, "Hq": self.q_heads, "Hkv": self.kv_heads, "Lq": self.q_len, "Lk": self.k_len,
-                "D": self.head_dim, **({"De": self.e_dim} if self.e_dim else {})}
 
 
 @dataclass
@@ -135,20 +95,10 @@ def families() -> list:
     here: they import their kernels). Each has ``KERNELS`` ({kernel: () -> (fast path, reference)}, looked up as a
     case runs; a check name starts with the kernel, timing rows carry the first), ``cases(shapes, dtype, device) ->
     [CheckCase]``, ``TIMING`` (the modes it times), ``LABELS`` ({candidate: report label}, in timing order, RoPE's
-    ``timing.ROPE``) and ``time_unit(mode, length, batch, plan, dtype, device) -> {candidate: record}``."""
+    ``kernels.timing.ROPE``) and ``time_unit(mode, length, batch, plan, dtype, device) -> {candidate: record}``."""
     from ..schemes import SCHEMES
 
     return [importlib.import_module(m) for m in dict.fromkeys(s.selftest for s in SCHEMES.values() if s.selftest)]
-
-
-def case_shapes(s: CheckShapes, dtype: str, **common) -> tuple[dict, ...]:
-    """CheckCase keywords (with ``common``) of prefill (Lq = Lk, backward; add head_dim), prefill at the first head
-    dim, chunked prefill (Lq = chunk < Lk, backward) and decode (Lk = decode_length, forward; add q_len)."""
-    base = dict(common, dtype=dtype, batch=s.batch, q_heads=s.q_heads, kv_heads=s.kv_heads)
-    prefill = dict(base, q_len=s.length, k_len=s.length, backward=True)
-    return (prefill, dict(prefill, head_dim=s.head_dims[0]),
-            dict(base, q_len=s.chunk, k_len=s.length, backward=True, head_dim=s.head_dims[0]),
-            dict(base, k_len=s.decode_length, backward=False, head_dim=s.head_dims[0]))
 
 
 def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], device: torch.device) -> list[CheckCase]:

@@ -15,7 +15,7 @@ import torch
 from hf_posenc_cli.arguments import SELFTEST_SIZES as SIZES  # the command line's --size
 
 from . import checks as checks_mod
-from . import timing as timing_mod
+from ..kernels import timing as timing_mod
 from .environment import device_name, interpreting, needs_fresh_process, resolve_device, versions
 from .report import SelftestReport, TimingRow
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Jane Austen's six novels for the miniature experiments (hf_posenc/experiments): Debian's r-cran-janeaustenr,
+# Jane Austen's six novels for the miniature experiments (hf_posenc_experiments): Debian's r-cran-janeaustenr,
 # downloaded with apt-get and unpacked (dpkg-deb -x) under $HF_POSENC_DATA (default ~/.cache/hf-posenc/data),
-# so R itself is not installed; hf_posenc.experiments.rdata reads the package's data without R.
+# so R itself is not installed; hf_posenc_experiments.rdata reads the package's data without R.
 # Idempotent: does nothing when the package is already unpacked there (or installed system-wide).
 set -euo pipefail
 PKG=r-cran-janeaustenr

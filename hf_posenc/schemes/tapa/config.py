@@ -32,7 +32,7 @@ class TAPAConfig(SchemeConfig):
     computes_attention: ClassVar[bool] = True
     whole_head: ClassVar[bool] = True  # θ splits each whole head into amplitude and phase dims (eq. 12)
     separates_packed_documents: ClassVar[bool] = True  # segments from the position ids (tapa_attend)
-    selftest: ClassVar[str | None] = "hf_posenc.selftest.tapa"
+    selftest: ClassVar[str | None] = "hf_posenc.kernels.tapa.selftest"
     layers: Literal["global", "all"] = "all"
     alpha: float = 0.1
     theta: float = 0.5

@@ -36,7 +36,7 @@ class TAPEConfig(SchemeConfig):
     paper: ClassVar[str] = "Rethinking Addressing in Language Models via Contextualized Equivariant PE (TAPE, eq. 6-8)"
     trainable_modules: ClassVar[tuple[str, ...]] = ("tape",)
     computes_attention: ClassVar[bool] = True
-    selftest: ClassVar[str | None] = "hf_posenc.selftest.tape"
+    selftest: ClassVar[str | None] = "hf_posenc.kernels.tape.selftest"
     layers: Literal["global", "all"] = "all"
     hidden: int | None = None
     frequencies: dict[str, Any] | None = None

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..schemes.spec import parse_scheme_spec
+from hf_posenc.schemes.spec import parse_scheme_spec
 
 CONFIRMED, REFUTED = "confirmed", "refuted"
 UNTESTABLE_SCALE, UNTESTABLE_HERE = "cannot be tested at this scale", "cannot be tested here"

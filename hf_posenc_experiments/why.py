@@ -31,8 +31,8 @@ def diagnose(models: Mapping[str, str], input_ids: Sequence[int], window: int, o
     from transformers import AutoModelForCausalLM
     from transformers.utils import logging as hf_logging
 
-    from ..diagnostics import disentanglement, perturbation_tolerance, plot_disentanglement, plot_perturbation
-    from ..patching import scheme_record
+    from hf_posenc.diagnostics import disentanglement, perturbation_tolerance, plot_disentanglement, plot_perturbation
+    from hf_posenc.patching import scheme_record
 
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
@@ -75,8 +75,8 @@ def tapa_phase_scale(model: Any, input_ids: torch.Tensor, scheme: Any) -> dict[s
     changes from one token back to two, so the head cannot single out the previous token (what RoPE's highest
     frequencies do). Returns the medians over all pairs and the largest per-head median.
     """
-    from ..diagnostics import capture_window
-    from ..kernels.tapa.naive import tapa_split
+    from hf_posenc.diagnostics import capture_window
+    from hf_posenc.kernels.tapa.naive import tapa_split
 
     captured = capture_window(model, input_ids, None, None, kinds=("q", "k"))
     amp, ph = tapa_split(captured[0]["q"].shape[-1], scheme.theta)

@@ -315,8 +315,8 @@ def build_model(config: TapeArithmeticConfig, spec: str, seed: int) -> torch.nn.
     scheme ``spec``: the arms of one seed share every weight but the scheme's own (TAPE's are drawn after)."""
     from transformers import AutoConfig, AutoModelForCausalLM, set_seed
 
-    from ..patching import patch_model
-    from ..schemes.spec import parse_scheme_spec
+    from hf_posenc.patching import patch_model
+    from hf_posenc.schemes.spec import parse_scheme_spec
 
     options = config.model.llama_config(VOCAB_SIZE, EOS, config.max_sequence_length)
     set_seed(seed)
@@ -349,8 +349,8 @@ def train_and_score(config: TapeArithmeticConfig, spec: str, seed: int, director
     warm-up, loss on the answer only) and score it on the held-out problems; the Trainer's output goes to
     ``directory/train.log``, ``report`` gets the progress. Returns the cell's result (accuracy by length, the
     heatmap, its regions, the answer loss by length, the training losses and the times)."""
-    from ..training.config import TrainingSection
-    from ..training.trainer import PosEncTrainer
+    from hf_posenc.training.config import TrainingSection
+    from hf_posenc.training.trainer import PosEncTrainer
 
     device, precision = where["device"], where["precision"]
     train = config.train
@@ -767,7 +767,7 @@ def render(payload: dict[str, Any], config: TapeArithmeticConfig) -> str:
 def plot(payload: dict[str, Any], config: TapeArithmeticConfig, out: Path) -> None:
     """``accuracy_by_length.png`` (each arm's mean, each seed thin) and ``heatmaps.png`` (each arm's mean heatmap
     over seeds, the training lengths outlined)."""
-    from ..results_io import pyplot
+    from hf_posenc.results_io import pyplot
 
     plt = pyplot()
     runs, T, D = payload["runs"], config.train_digits, config.test_digits

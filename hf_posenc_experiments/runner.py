@@ -45,7 +45,7 @@ def fingerprint(settings: dict[str, Any]) -> str:
 
 def scheme_fields(spec: str) -> dict[str, Any]:
     """A recipe's ``scheme`` section (``{"name": ..., **options}``) from a spec such as ``prope:p=0.25``."""
-    from ..schemes.spec import parse_scheme_spec
+    from hf_posenc.schemes.spec import parse_scheme_spec
 
     scheme = parse_scheme_spec(spec)
     defaults = type(scheme)()
@@ -60,7 +60,7 @@ def build_recipe(config: ExperimentSettings, prepared: dict[str, Any], *, scheme
     (byte tokenizer, training files, held-out file): from scratch (``model`` as an inline Llama config) or
     continued from ``base_model`` (a saved model directory), full fine-tuning, evaluation at ``config``'s lengths
     with disjoint windows."""
-    from ..training.config import load_recipe
+    from hf_posenc.training.config import load_recipe
 
     model_section: dict[str, Any] = {"tokenizer": prepared["tokenizer_dir"], "attn_implementation": "sdpa"}
     if base_model is None:
@@ -95,7 +95,7 @@ def build_recipe(config: ExperimentSettings, prepared: dict[str, Any], *, scheme
 def train_and_evaluate(recipe: Any, log_path: Path) -> dict[str, Any]:
     """Run ``recipe`` (training, then its evaluation), the trainer's output going to ``log_path``; returns the
     per-length perplexities, the training losses and the time taken."""
-    from ..training.trainer import run_training
+    from hf_posenc.training.trainer import run_training
 
     start = time.perf_counter()
     with open(log_path, "w") as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), \

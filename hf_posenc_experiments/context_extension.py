@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from ..schemes.spec import parse_scheme_spec
+from hf_posenc.schemes.spec import parse_scheme_spec
 from .claims import (
     COPE_PAPER, UNTESTABLE_HERE, UNTESTABLE_SCALE, Claim, claims_section, han_ji_claim, paper_reach, reach,
 )
@@ -42,8 +42,8 @@ def passkey_scores(model_dir: str, tokenizer_dir: str, config: ContextExtensionC
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
 
-    from ..evaluation import evaluate
-    from ..evaluation.passkey import build_passkey_prompt, key_digit_accuracy
+    from hf_posenc.evaluation import evaluate
+    from hf_posenc.evaluation.passkey import build_passkey_prompt, key_digit_accuracy
 
     verbosity = hf_logging.get_verbosity()
     hf_logging.set_verbosity_error()  # the loading bar, and generation past the base's max_position_embeddings

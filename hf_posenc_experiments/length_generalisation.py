@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..schemes.spec import parse_scheme_spec
+from hf_posenc.schemes.spec import parse_scheme_spec
 from .claims import (
     CONFIRMED, COPE_PAPER, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, claims_section, han_ji_claim, paper_reach,
     reach, tapa_step, turn,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ..results_io import dumps, pyplot, write_json
+from hf_posenc.results_io import dumps, pyplot, write_json
 from .config import EXPERIMENT_CONFIGS
 from .runner import Summary, fingerprint, mean_sd
 from .stats import NO_DIFFERENCE, Difference, phrase, t_quantile
@@ -201,7 +201,7 @@ def plot_settings(series: dict[str, dict[Any, dict[int, float]]], path: str | Pa
     plt.close(fig)
 
 
-TOKENIZER = "byte-level (256 bytes + <|endoftext|>), see hf_posenc.experiments.tokenizer"
+TOKENIZER = "byte-level (256 bytes + <|endoftext|>), see hf_posenc_experiments.tokenizer"
 
 
 def analysis(tests: Tests, verdict: Sequence[str], claims: Sequence[Any]) -> dict[str, Any]:

@@ -23,7 +23,10 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
   :mod:`.claims`: the rotation angles that decide what a miniature can test, and the one line per paper claim
   (confirmed, refuted, cannot be tested) that ends every report.
 
-This is an application layer: it imports training, evaluation and the core, and nothing but the CLI imports it.
+A package of its own beside the library: it imports ``hf_posenc`` (training, evaluation, the core) and
+``hf_posenc`` never imports it (an import-linter contract); ``hf-posenc experiment`` reaches it from
+:mod:`hf_posenc_cli`. The research harness stays out of what ``import hf_posenc`` and checkpoints' remote code
+carry, as the examples and research projects of Transformers and PEFT live outside their libraries.
 """
 
 from .config import (

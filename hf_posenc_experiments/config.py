@@ -14,7 +14,7 @@ from typing import Any
 
 from hf_posenc_cli.arguments import EXPERIMENT_SIZES as SIZES
 
-from ..schemes.spec import parse_scheme_spec
+from hf_posenc.schemes.spec import parse_scheme_spec
 
 
 # label -> scheme spec (see hf_posenc.schemes.spec); NoPE is p-RoPE with p = 0 (no rotated frequency at all)
@@ -576,7 +576,7 @@ class TapaScaleConfig:
     3 × 13 + 6 × 16 + 30 ≈ 165 s. The Triton kernels' compilation (forward and fused backward in bf16 and the
     evaluation's fp32 forward, per θ: 2–5 s each, about 10 s a θ, measured with the compile lane for sm_90 at
     D = 64 on 1 core here) runs in background processes while the RoPE runs train
-    (:func:`hf_posenc.experiments.tapa_scale.warm_up`); what it does not hide adds to the estimate. Each finished
+    (:func:`hf_posenc_experiments.tapa_scale.warm_up`); what it does not hide adds to the estimate. Each finished
     run is cached in the work folder, so a rerun of the same command resumes (the progress bar shows the time
     left).
 

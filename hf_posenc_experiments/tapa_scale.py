@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..schemes.spec import parse_scheme_spec
+from hf_posenc.schemes.spec import parse_scheme_spec
 from .claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim, unless_context_is_used
 from .config import ModelSettings, TapaScaleConfig
 from .corpus import Corpus, austen_corpus
@@ -70,7 +70,7 @@ def check_device(config: TapaScaleConfig) -> None:
         return
     import torch
 
-    from ..kernels.tapa import TRITON_IMPORT_ERROR
+    from hf_posenc.kernels.tapa import TRITON_IMPORT_ERROR
 
     if not torch.cuda.is_available():
         raise ValueError(f"tapa_scale --size {config.base.size} trains on CUDA (15M parameters, the Triton TAPA "
@@ -85,7 +85,7 @@ def triton_binaries() -> dict[str, int] | None:
     per-device kernel caches): evidence that the kernel ran here. ``None`` where Triton, or that cache, is not
     there (the interpreter, another Triton version)."""
     try:
-        from ..kernels.tapa import triton_tapa
+        from hf_posenc.kernels.tapa import triton_tapa
 
         out = {}
         for name in sorted(vars(triton_tapa)):
@@ -105,7 +105,7 @@ def attention_paths(config: TapaScaleConfig) -> dict[str, str]:
     (:func:`hf_posenc.kernels.tapa.uses_triton`: the Triton kernel on CUDA, the chunked path on the CPU)."""
     import torch
 
-    from ..kernels.tapa import uses_triton
+    from hf_posenc.kernels.tapa import uses_triton
 
     probe = torch.empty(0, device=config.base.train.device)
     out = {}
@@ -445,7 +445,7 @@ def run(config: TapaScaleConfig, out: str | Path, work: str | Path, command: str
 
 def _warm_up_main(spec: str) -> int:
     """One warm-up (:func:`warm_up`), in its own process."""
-    from ..training.trainer import run_training
+    from hf_posenc.training.trainer import run_training
 
     run_training(warm_up_recipe(json.loads(Path(spec).read_text())))
     return 0
