@@ -36,13 +36,13 @@ SCHEMES = {
 
 
 def make_step(model, ids: torch.Tensor, chunk: int):
-    """One optimiser step of a LoRA-wrapped model with the chunked loss."""
-    from peft import LoraConfig, get_peft_model
+    """One optimiser step of a LoRA-wrapped model with the chunked loss, LoRA set up as `hf-posenc train` does
+    (`hf_posenc.adapters.lora_config`: the scheme's own modules, such as TAPE's, in ``modules_to_save``)."""
+    from peft import get_peft_model
 
-    save = ["tape"] if hasattr(model.config, "hf_posenc") and model.config.hf_posenc["scheme"] == "tape" else None
-    peft_model = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "k_proj", "v_proj",
-                                                                                       "o_proj"],
-                                                  modules_to_save=save))
+    from hf_posenc.adapters import lora_config
+
+    peft_model = get_peft_model(model, lora_config(model, r=8, lora_alpha=16))
     peft_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     peft_model.train()
     params = [p for p in peft_model.parameters() if p.requires_grad]
