@@ -78,8 +78,14 @@ def lora_config(
 
     Patched models have their own model type, for which PEFT has no default target modules, so they are explicit;
     names that are not modules of ``model`` raise a ``ValueError`` listing what is there.
+
+    ``r=0``: no LoRA weights; the ``target_modules`` are trained whole instead, through PEFT's
+    ``LNTuningConfig`` (a trainable copy of each target, the original frozen; PEFT names it for norms, its
+    wrapper serves any module called as one), with the same ``modules_to_save``: e.g. TAPE's blocks and every
+    ``o_proj``, the TAPE paper's parameter-efficient setup. PEFT refuses a config with ``modules_to_save`` and
+    no target, and LoRA on a module is not training it whole.
     """
-    from peft import LoraConfig, TaskType
+    from peft import LNTuningConfig, LoraConfig, TaskType
 
     if not target_modules:
         raise ValueError("lora_config: PEFT needs at least one LoRA target; e.g. target_modules=('q_proj', 'v_proj').")
@@ -103,6 +109,12 @@ def lora_config(
     absent = [m for m in save if m not in present]
     if absent:
         raise ValueError(f"modules_to_save {absent} are not modules of this model.")
+    if r == 0:
+        if tied and "embed_tokens" in save:
+            raise ValueError("r=0 cannot train tied embeddings (LoRA's ensure_weight_tying keeps them tied); use "
+                             "r >= 1, or leave the embeddings frozen.")
+        return LNTuningConfig(task_type=TaskType.CAUSAL_LM, target_modules=list(target_modules),
+                              modules_to_save=save or None, **kwargs)
     return LoraConfig(
         task_type=TaskType.CAUSAL_LM, r=r, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
         target_modules=list(target_modules), modules_to_save=save or None,

@@ -23,7 +23,7 @@ NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # experiment name -> its module in hf_posenc_experiments and its config in hf_posenc_experiments.cli.CONFIGS
 EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth",
-               "tapa_scale", "tape_arithmetic")
+               "tapa_scale", "tape_arithmetic", "cope_passkey", "tape_peft")
 EXPERIMENT_SIZES = ("toy", "small", "gpu")  # gpu: only the experiments made for a GPU
 SELFTEST_SIZES = ("realistic", "small", "tiny")
 SELFTEST_DTYPES = ("bf16", "fp16", "fp32")

@@ -12,6 +12,11 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
   one GPU (``--size gpu``, the Triton kernel): does the gap hold at a size where TAPA might train?
 * :mod:`.tape_arithmetic`: RoPE and TAPE on reversed-digit addition, trained to 20 digits and tested to 40 (the TAPE
   paper's Fig. 5), exact-match accuracy by length, on one GPU (``--size gpu``);
+* :mod:`.cope_passkey`: RoPE, CoPE and HardClip in the CoPE paper's recipe (ABF to its base / length ratio, passkey
+  windows mixed into the continued training at 4L, YaRN x4 beyond), held-out loss and passkey retrieval at 4L, 8L
+  and 16L, with the angles that say whether the paper's claims can show at this size;
+* :mod:`.tape_peft`: the context-extension base continued at 4L with TAPE's modules and o_proj trained, LoRA at a
+  matched number of trainable parameters, and o_proj alone (every other weight frozen): TAPE's claim against LoRA;
 * :mod:`.why`: the position-generalization diagnostics on each experiment's trained models;
   :mod:`.reproduce`: a rerun with other seeds against a committed report;
 * :mod:`.corpus`: Jane Austen's novels from Debian's ``r-cran-janeaustenr`` (read by :mod:`.rdata`), one novel

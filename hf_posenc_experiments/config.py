@@ -296,32 +296,19 @@ CONTEXT_EXTENSION_SCHEMES: dict[str, str] = {
 
 
 @dataclass(frozen=True, kw_only=True)
-class ContextExtensionConfig(ExperimentSettings):
-    """Context extension of a pretrained base (CoPE, TAPE, PI, YaRN papers): a RoPE base is pretrained at L once
-    (cached), then trained further at ``extension_factor`` × L with each scheme (full fine-tuning; TAPE's new
-    modules start at zero, so its first step is the base), and evaluated by held-out loss from L to 16L and by
-    passkey retrieval at ``passkey_multiples`` × L (the shared settings: :class:`ExperimentSettings`; the seeds
-    are those of the continued training, the base is shared).
+class ExtensionSettings(ExperimentSettings):
+    """What the context-extension experiments share: a RoPE base pretrained at L once (seed 0, cached, shared by
+    every arm), continued at ``extension_factor`` × L for each arm and seed.
 
     Attributes:
         extension_factor: the continued-training length as a multiple of L.
         pretrain: optimisation of the base at L (seed 0, once).
         extend: optimisation of each continued-training run at ``extension_factor`` × L.
-        schemes: report label -> scheme spec of the continued training.
-        passkey_multiples: passkey lengths as multiples of L.
-        passkey_depths: needle depths of the passkey prompts.
-        passkey_trials: keys per (length, depth).
     """
 
     extension_factor: int
     pretrain: TrainSettings
     extend: TrainSettings
-    schemes: dict[str, str] = field(default_factory=lambda: dict(CONTEXT_EXTENSION_SCHEMES))
-    passkey_multiples: tuple[int, ...] = (4, 8)
-    passkey_depths: tuple[float, ...] = (0.0, 0.5, 1.0)
-    passkey_trials: int = 5
-
-    name = "context_extension"
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -331,6 +318,29 @@ class ContextExtensionConfig(ExperimentSettings):
     @property
     def extended_length(self) -> int:
         return self.context_length * self.extension_factor
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextExtensionConfig(ExtensionSettings):
+    """Context extension of a pretrained base (CoPE, TAPE, PI, YaRN papers): a RoPE base is pretrained at L once
+    (cached), then trained further at ``extension_factor`` × L with each scheme (full fine-tuning; TAPE's new
+    modules start at zero, so its first step is the base), and evaluated by held-out loss from L to 16L and by
+    passkey retrieval at ``passkey_multiples`` × L (the shared settings: :class:`ExperimentSettings`; the seeds
+    are those of the continued training, the base is shared).
+
+    Attributes:
+        schemes: report label -> scheme spec of the continued training.
+        passkey_multiples: passkey lengths as multiples of L.
+        passkey_depths: needle depths of the passkey prompts.
+        passkey_trials: keys per (length, depth).
+    """
+
+    schemes: dict[str, str] = field(default_factory=lambda: dict(CONTEXT_EXTENSION_SCHEMES))
+    passkey_multiples: tuple[int, ...] = (4, 8)
+    passkey_depths: tuple[float, ...] = (0.0, 0.5, 1.0)
+    passkey_trials: int = 5
+
+    name = "context_extension"
 
     @property
     def passkey_lengths(self) -> list[int]:
@@ -775,7 +785,255 @@ class TapeArithmeticConfig:
         return {"experiment": self.name, **dataclasses.asdict(self)}
 
 
+# CoPE's claim where it can show (issue #33 §2): the CoPE paper continues Llama-3-8B at 64k tokens after raising the
+# base to 1e7 (ABF), about 150 x the extended length; this miniature keeps that ratio at its own extended length
+COPE_PAPER_THETA, COPE_PAPER_LENGTH = 1e7, 65536
+COPE_PASSKEY_SCHEMES: dict[str, str] = {"RoPE": "rope", "CoPE": "cope", "HardClip": "hardclip"}  # θ' added
+COPE_PASSKEY_FRACTION = 0.25  # one training window in four is a passkey window
+COPE_PASSKEY_STEPS = 3000  # the small preset's continued-training steps (the budget: CopePasskeyConfig)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CopePasskeyConfig(ExtensionSettings):
+    """CoPE's claim where it can show (issue #33 §2): RoPE, CoPE and HardClip in the CoPE paper's long-context
+    recipe (ABF during continued training, YaRN x4 beyond the trained length), with synthetic passkey windows mixed
+    into the continued training so that retrieval can be learned at this size; held-out loss and passkey retrieval
+    at 4L, 8L and 16L. The paper's claims: CoPE better than RoPE beyond the trained length, HardClip worse inside it.
+
+    Settings, fixed from the paper, the issue and :class:`ContextExtensionConfig` before any run (none tuned on
+    results):
+
+    * The base: :class:`ContextExtensionConfig`'s (RoPE, θ = 10,000, pretrained once at L = 64 bytes, seed 0: d =
+      64, 2 layers, 2 heads of 32, 1,000 steps of 16 windows at lr 3e-3), the same settings, trained here again.
+    * Continued training at 4L = 256 bytes, every arm from that base with the base raised to θ' = (1e7 / 65,536) x
+      4L = 39,062.5 (the paper's 1e7 at 64k, 152.6 x its extended length; ABF), full fine-tuning: RoPE, CoPE with
+      its default clip range (the paper's 20 of 64 frequencies scaled to the head dim: the lowest 5 of 16,
+      cosine taper from the onset), HardClip (the same 5 zeroed). 3 seeds, paired by seed (the base is shared).
+    * Optimisation, the paper's shape at this model's rate: AdamW with β2 = 0.95 and weight decay 0.1, 10 %
+      linear warm-up, cosine decay to 0.1 x the peak (the paper: 1e-5 to 1e-6 for an 8B model; here the peak is
+      :class:`ContextExtensionConfig`'s 1e-3), batch 4 windows of 256 bytes (1,024 bytes a step, as the base's
+      pretraining), :data:`COPE_PASSKEY_STEPS` steps (12,000 windows, two thirds of an epoch of the mixed data's
+      18,532; the paper trains one epoch). The steps are what the 20-minute budget allows with a margin (below),
+      the same for every arm.
+    * Passkey windows: :data:`COPE_PASSKEY_FRACTION` (one in four) of the training windows, in expectation (the
+      data set holds one passkey window for every three novel windows, and the Trainer samples windows at
+      random). Each is a Landmark-format prompt built by :func:`hf_posenc.evaluation.passkey.build_passkey_prompt`,
+      exactly as the evaluation builds them, for 4L − 1 − len(" KEY") bytes, followed by " KEY" (the answer as the
+      evaluation's key-digit scoring writes it) and EOS: 4L tokens exactly. Keys and needle depths come from a
+      training-only random stream, every key the evaluation asks about excluded. They are written as one JSON-lines
+      file of documents placed before the novels with ``concat`` packing, so each fills exactly one window
+      (windows 0 … K−1, aligned) and none is cut; ``restart`` packing would cut them the same way (it packs the
+      same windows and only restarts the positions) and would change the novels' windows from the base's. The
+      loss covers the whole window (prompt, key and EOS). At 4L the prompt's fixed text (task, needle, question)
+      takes 247 of the 256 bytes, so a training window has 2 filler bytes and the needle sits about 100 bytes
+      before the answer; the evaluation's 8L and 16L prompts add 264 and 776 bytes of filler never seen in
+      training.
+    * Evaluation, every model: the held-out novel's first 16,384 bytes in disjoint windows at L, 2L and 4L as
+      trained (no YaRN: inside the trained length) and at 8L and 16L with YaRN x4 over θ' whose original length is
+      the trained 4L (``scaling=yarn, factor=4, original_max_position_embeddings=256``, re-patched with
+      ``replace=True`` on the trained weights, CoPE's and HardClip's clip range applied over YaRN's frequencies, as
+      the paper's CoPE + ABF + YaRN), for every arm; also at 4L with YaRN (both, as they are cheap). Passkey
+      retrieval at 4L (as trained, and with YaRN), 8L and 16L (YaRN): :attr:`passkey_depths` x
+      :attr:`passkey_trials` prompts per length, the same for every model, greedy exact match and the
+      teacher-forced fraction of key digits ranked first among the ten digits. The answer's 5 digits lie just past
+      the prompt's length (positions 256-261 at 4L).
+    * What decides whether the claims can show (:mod:`hf_posenc_experiments.cope_passkey`): how far the frequencies
+      CoPE tapers and HardClip zeroes turn over the lengths the claims are about, as the evaluated model computes
+      them (YaRN included), against the same in the paper's setting (Llama-3-8B, head dim 128, θ = 1e7, 64k, YaRN
+      x4 to 256k). At the same θ / length ratio the angle grows as length^(1 − onset / 16): here 0.18 rad over 4L
+      and over 16L with YaRN, against 1.01 rad over 64k and over 256k with YaRN in the paper. A claim counts as
+      testable only where the angle here is at least half the paper's; otherwise its line says "cannot be tested
+      at this scale" with the angles, whatever difference shows.
+
+    The budget (``small``, 3 seeds on 2 CPU cores, within about 20 min): about 13 min on idle cores, estimated
+    from timed partial runs and the committed context-extension timings (the module's docstring has the numbers). ``toy``: L = 64 (the shortest L whose 4L holds a passkey prompt), a
+    1-layer d = 32 model, a few steps, one prompt per length (seconds, for CI). ``gpu`` is refused.
+
+    Attributes:
+        extended_theta: θ' of every arm's continued training (ABF).
+        schemes: report label -> scheme spec of the continued training (θ' included); ``RoPE`` is the reference.
+        passkey_fraction: the fraction of training windows that are passkey windows.
+        yarn_factor: YaRN's factor beyond the trained length (its original length: the trained length).
+        passkey_multiples: passkey lengths as multiples of L.
+        passkey_depths: needle depths of the evaluation prompts.
+        passkey_trials: keys per (length, depth).
+    """
+
+    extended_theta: float
+    schemes: dict[str, str]
+    passkey_fraction: float = COPE_PASSKEY_FRACTION
+    yarn_factor: float = 4.0
+    passkey_multiples: tuple[int, ...] = (4, 8, 16)
+    passkey_depths: tuple[float, ...] = (0.0, 0.25, 0.5, 0.75, 1.0)
+    passkey_trials: int = 5
+
+    name = "cope_passkey"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0 < self.passkey_fraction < 1:
+            raise ValueError(f"passkey_fraction must be in (0, 1), got {self.passkey_fraction}")
+        if "RoPE" not in self.schemes:
+            raise ValueError("the experiment needs a 'RoPE' arm (the reference)")
+        if self.extension_factor not in self.eval_multiples or self.extension_factor not in self.passkey_multiples:
+            raise ValueError("the trained length (extension_factor x L) must be among the evaluation lengths")
+        for spec in self.schemes.values():
+            parse_scheme_spec(self.eval_spec(spec))
+
+    @property
+    def passkey_lengths(self) -> list[int]:
+        return [self.context_length * m for m in self.passkey_multiples]
+
+    def eval_spec(self, spec: str) -> str:
+        """The spec an arm is evaluated with beyond the trained length: its training spec (θ' included) with YaRN
+        x ``yarn_factor`` whose original length is the trained length."""
+        yarn = (f"scaling=yarn,factor={self.yarn_factor:g},"
+                f"original_max_position_embeddings={self.extended_length}")
+        return f"{spec}{',' if ':' in spec else ':'}{yarn}"
+
+    @classmethod
+    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> CopePasskeyConfig:
+        """``small``: the experiment (about 20 min with 3 seeds on 2 idle CPU cores, estimated); ``toy``: seconds
+        (CI); ``gpu`` is refused as by the other CPU experiments."""
+        if size not in ("toy", "small"):
+            LengthGeneralisationConfig.preset(size)  # refuses gpu (naming --size small) and unknown sizes
+        base = ContextExtensionConfig.preset("small", seeds=seeds, first_seed=first_seed)
+        L, factor = base.context_length, 4
+        theta = COPE_PAPER_THETA / COPE_PAPER_LENGTH * factor * L
+        schemes = {label: f"{spec}:rope_theta={theta!r}" for label, spec in COPE_PASSKEY_SCHEMES.items()}
+        optimiser = dict(learning_rate=1e-3, weight_decay=0.1, adam_beta2=0.95, min_lr_ratio=0.1)
+        shared = dict(size=size, context_length=L, extension_factor=factor, extended_theta=theta, schemes=schemes,
+                      seeds=seeds, first_seed=first_seed)
+        if size == "toy":
+            return cls(**shared, eval_multiples=(1, 4, 8, 16), eval_tokens=1024, train_chars=4096,
+                       model=ModelSettings(32, 64, 1, 2, 16),
+                       pretrain=TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1),
+                       extend=AcceleratedTrainSettings(steps=2, batch_size=2, warmup_steps=1, **optimiser),
+                       passkey_depths=(0.5,), passkey_trials=1)
+        steps = COPE_PASSKEY_STEPS
+        return cls(**shared, eval_multiples=base.eval_multiples, eval_tokens=base.eval_tokens,
+                   train_chars=base.train_chars, model=base.model, pretrain=base.pretrain,
+                   extend=AcceleratedTrainSettings(steps=steps, batch_size=4, warmup_steps=steps // 10, **optimiser))
+
+
+
+
+# TAPE's parameter-efficient context extension against LoRA (issue #33 §2): the arms, what each trains
+@dataclass(frozen=True)
+class PeftArm:
+    """One arm of :class:`TapePeftConfig`: the scheme of the continued training and what trains (every other weight
+    frozen).
+
+    Attributes:
+        spec: scheme spec (``tape``, ``rope``).
+        modules: module names (leaf names, every layer): LoRA's targets if ``lora``, else trained whole (the
+            recipe's ``peft.r = 0``).
+        lora: LoRA adapters on ``modules``, at the rank whose trainable-parameter count is closest to the
+            ``match`` arm's (:func:`hf_posenc_experiments.tape_peft.matched_rank`).
+        scheme_modules: also train the scheme's own modules whole (TAPE's ``tape`` blocks: W1, W2, ψ and W_att).
+    """
+
+    spec: str
+    modules: tuple[str, ...]
+    lora: bool = False
+    scheme_modules: bool = False
+
+    def __post_init__(self) -> None:
+        parse_scheme_spec(self.spec)  # an unknown scheme or option fails here, before any training
+        if not self.modules:
+            raise ValueError(f"PeftArm {self.spec!r}: name the modules to train (PEFT needs a target)")
+
+
+TAPE_PEFT_TAPE, TAPE_PEFT_LORA, TAPE_PEFT_OPROJ = "TAPE + o_proj", "LoRA (matched)", "o_proj only"
+TAPE_PEFT_ARMS: dict[str, PeftArm] = {
+    TAPE_PEFT_TAPE: PeftArm("tape", ("o_proj",), scheme_modules=True),
+    TAPE_PEFT_LORA: PeftArm("rope", ("q_proj", "k_proj", "v_proj", "o_proj"), lora=True),
+    TAPE_PEFT_OPROJ: PeftArm("rope", ("o_proj",)),
+}
+# The paper's rate (Table 5, context extension: 2e-5 for Llama2-7B, whose pretraining peaked at 3e-4; the authors'
+# script gives every method that rate) scaled by our base's pretraining rate: 2e-5 / 3e-4 x 3e-3 = 2e-4.
+TAPE_PAPER_LEARNING_RATE, LLAMA2_PRETRAIN_LEARNING_RATE = 2e-5, 3e-4
+
+
+@dataclass(frozen=True)
+class ConstantTrainSettings(TrainSettings):
+    """:class:`TrainSettings` with the TAPE authors' context-extension schedule: a linear warm-up, then the rate held
+    (Transformers' ``constant_with_warmup``; ``schedule`` is written into the report)."""
+
+    schedule: str = "constant_with_warmup"
+
+    def recipe_training(self) -> dict[str, Any]:
+        return {"lr_scheduler_type": self.schedule}
+
+
+@dataclass(frozen=True, kw_only=True)
+class TapePeftConfig(ExtensionSettings):
+    """TAPE's claim (issue #33 §2): parameter-efficient TAPE extends a RoPE model's context better than LoRA
+    (the TAPE paper §3.3 and §4.3: Llama2-7B from 4k to 8k, TAPE's W1, W2 and "the post-attention linear layer"
+    trained, PG19 perplexity at 8k 7.063 against LoRA's 8.199). The context-extension base (RoPE pretrained at L,
+    the same settings, so the same model) is continued at 4L with each arm of :data:`TAPE_PEFT_ARMS`, everything
+    else frozen: TAPE's blocks and every o_proj (the issue's reading of that layer); LoRA on q, k, v, o at the rank
+    whose trainable-parameter count is closest to TAPE's; o_proj alone (if it matches TAPE, the gain is not
+    TAPE's). Scored by held-out loss at L, 4L (the extended length: the paper's 8k), 8L and 16L.
+
+    Settings, fixed from the paper and its authors' script (``VITA-Group/TAPE``: ``train_llama.py``,
+    ``script/train_llama.sh``) before any run, none tuned on results:
+
+    * 1,000 steps for every arm (the paper's Table 5), batch 4 windows of 4L = 256 bytes (1,024 bytes a step, the
+      base's pretraining batch; the paper: 64 × 8k tokens);
+    * learning rate 2e-4 for every arm: the paper's 2e-5 (Table 5, the same for every method in the authors'
+      script) is 1/15 of Llama 2's pretraining peak (3e-4); 1/15 of this base's (3e-3) is 2e-4. The script's
+      schedule: 50 warm-up steps, then constant (``constant_with_warmup``), weight decay 0;
+    * LoRA: alpha = 2 × rank (the script's r = 8, alpha = 16), dropout 0, on q, k, v, o (the script's targets);
+    * 3 seeds of the continued training (paired by seed), one shared base (seed 0).
+
+    Attributes:
+        arms: report label -> arm.
+        match: the arm whose trainable-parameter count the LoRA arms match.
+        lora_alpha_per_rank: LoRA's alpha / rank.
+    """
+
+    arms: dict[str, PeftArm] = field(default_factory=lambda: dict(TAPE_PEFT_ARMS))
+    match: str = TAPE_PEFT_TAPE
+    lora_alpha_per_rank: float = 2.0
+
+    name = "tape_peft"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.match not in self.arms or self.arms[self.match].lora:
+            raise ValueError(f"match must name an arm that is not LoRA, got {self.match!r}")
+
+    def scheme_specs(self) -> list[str]:
+        return [arm.spec for arm in self.arms.values()]
+
+    @classmethod
+    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapePeftConfig:
+        """``small``: the context-extension base (L = 64, d = 64, 2 layers), 3 seeds: about 6 min on 2 idle CPU
+        cores, estimated from timed partial runs on one core with one torch thread (a whole 1,000-step TAPE run,
+        training and evaluation: 34 s; LoRA 21 ms and o_proj alone 19 ms a step against TAPE's 29 ms; the base's
+        1,000 pretraining steps about 45 s): 9 continued runs of 26-34 s, the base, about 10 s of setup.
+        ``toy``: seconds (CI), a 2-layer d = 32 model (one layer would have no TAPE block: the last layer's update
+        is never read)."""
+        rate = TAPE_PAPER_LEARNING_RATE / LLAMA2_PRETRAIN_LEARNING_RATE  # 1/15 of the base's pretraining rate
+        if size == "toy":
+            pretrain = TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1)
+            return cls(size=size, context_length=16, extension_factor=4, eval_multiples=(1, 4, 16), eval_tokens=512,
+                       train_chars=4096, model=ModelSettings(32, 64, 2, 2, 16), pretrain=pretrain,
+                       extend=ConstantTrainSettings(steps=3, batch_size=2, learning_rate=rate * pretrain.learning_rate,
+                                                    warmup_steps=1, weight_decay=0.0),
+                       seeds=seeds, first_seed=first_seed)
+        base = ContextExtensionConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        return cls(size=size, context_length=base.context_length, extension_factor=4, eval_multiples=(1, 4, 8, 16),
+                   eval_tokens=base.eval_tokens, train_chars=base.train_chars, model=base.model, pretrain=base.pretrain,
+                   extend=ConstantTrainSettings(steps=1000, batch_size=4,
+                                                learning_rate=rate * base.pretrain.learning_rate, warmup_steps=50,
+                                                weight_decay=0.0),
+                   seeds=seeds, first_seed=first_seed)
+
+
 # every experiment's configuration (its name is its module's and the command line's)
 EXPERIMENT_CONFIGS: tuple[type, ...] = (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig,
                                         PropeGemmaRatioConfig, TapaDepthConfig, TapaScaleConfig,
-                                        TapeArithmeticConfig)
+                                        TapeArithmeticConfig, CopePasskeyConfig,
+                                        TapePeftConfig)

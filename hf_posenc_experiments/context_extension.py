@@ -21,7 +21,7 @@ from hf_posenc.schemes.spec import parse_scheme_spec
 from .claims import (
     COPE_PAPER, UNTESTABLE_HERE, UNTESTABLE_SCALE, Claim, claims_section, han_ji_claim, paper_reach, reach,
 )
-from .config import ContextExtensionConfig
+from .config import ContextExtensionConfig, ExtensionSettings
 from .corpus import Corpus
 from .length_generalisation import begin
 from .report import (
@@ -69,6 +69,20 @@ def passkey_scores(model_dir: str, tokenizer_dir: str, config: ContextExtensionC
     return out
 
 
+def pretrain_base(config: ExtensionSettings, prepared: dict[str, Any], work: Path, common: dict[str, Any],
+                  progress: bool) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The base every arm of a context-extension experiment continues: RoPE pretrained at L with
+    ``config.pretrain`` (seed 0, once, cached in ``work/runs/base``). Returns its result and the settings it is
+    fingerprinted by (``common`` and the base's own), which each arm's settings name."""
+    settings = {**common, "role": "base", "spec": "rope", "seed": 0, "context_length": config.context_length,
+                "model": config.model, "train": config.pretrain}
+    cell = Cell(BASE_LABEL, "rope", 0, work / "runs" / "base", settings,
+                lambda d: build_recipe(config, prepared, scheme="rope", seed=0, model=config.model,
+                                       context_length=config.context_length, train=config.pretrain, output_dir=d))
+    desc = f"{config.name} ({config.size}): pretraining the base"
+    return run_cells([cell], desc=desc, progress=progress)[0], settings
+
+
 def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, command: str,
         corpus: Corpus | None = None, progress: bool = True) -> dict[str, Any]:
     """Run (or resume) the experiment; writes ``results.json``, ``results.md`` and ``heldout_loss.png`` to
@@ -80,12 +94,7 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
               "train_chars": config.train_chars, "train_bytes": prepared["train_bytes"],
               "passkey": [config.passkey_lengths, config.passkey_depths, config.passkey_trials]}
 
-    base_settings = {**common, "role": "base", "spec": "rope", "seed": 0, "context_length": config.context_length,
-                     "model": config.model, "train": config.pretrain}
-    base_cell = Cell(BASE_LABEL, "rope", 0, work / "runs" / "base", base_settings,
-                     lambda d: build_recipe(config, prepared, scheme="rope", seed=0, model=config.model,
-                                            context_length=config.context_length, train=config.pretrain, output_dir=d))
-    base = run_cells([base_cell], desc=f"{config.name} ({config.size}): pretraining the base", progress=progress)[0]
+    base, base_settings = pretrain_base(config, prepared, work, common, progress)
     base_dir = base["model_dir"]
 
     cells = []

@@ -161,8 +161,11 @@ class PeftSection:
 
     Attributes:
         enabled: ``false`` trains every weight (from-scratch recipes).
-        r, alpha, dropout: LoRA rank, scaling numerator and dropout.
-        target_modules: the linear layers that get LoRA adapters.
+        r, alpha, dropout: LoRA rank, scaling numerator and dropout. ``r: 0`` adds no LoRA weights: the
+            ``target_modules`` are trained whole instead (PEFT's ``LNTuningConfig``: a trainable copy of each, the
+            original frozen), with ``modules_to_save`` and the scheme's modules, every other weight frozen
+            (parameter-efficient TAPE: ``target_modules: [o_proj]`` and its ``tape`` blocks).
+        target_modules: the linear layers that get LoRA adapters (trained whole with ``r: 0``).
         modules_to_save: extra module names trained in full and saved with the adapter.
         trainable_embeddings: also train the input embeddings (and an untied output head) in full.
         trainable_norms: also train every RMSNorm/LayerNorm in full.
@@ -182,8 +185,8 @@ class PeftSection:
     def __post_init__(self) -> None:
         if not self.enabled:
             return
-        if self.r < 1:
-            raise RecipeError(f"peft.r must be >= 1, got {self.r}.")
+        if self.r < 0:
+            raise RecipeError(f"peft.r must be >= 1 (LoRA's rank), or 0 (target_modules trained whole), got {self.r}.")
         if not 0 <= self.dropout < 1:
             raise RecipeError(f"peft.dropout must be in [0, 1), got {self.dropout}.")
         if not self.target_modules:
