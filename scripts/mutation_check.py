@@ -479,6 +479,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_experiments.py::test_reproducibility_uses_the_prediction_interval_of_a_mean",),
         "the prediction interval of a mean of m new seeds: sd * sqrt(1/n + 1/m), not the committed mean's error",
     ),
+    Mutation(
+        "cope-passkey-windows-after-the-novels", "hf_posenc_experiments/cope_passkey.py",
+        '"train_files": [path, *prepared["train_files"]]}',
+        '"train_files": [*prepared["train_files"], path]}',
+        ("tests/test_experiment_cope_passkey.py::test_training_windows_hold_whole_passkeys_one_in_four",),
+        "the passkey documents come first in the concat packing, so each fills exactly one training window",
+    ),
+    Mutation(
+        "peft-r0-drops-the-scheme-modules", "hf_posenc/adapters.py",
+        "modules_to_save=save or None, **kwargs)",
+        "modules_to_save=None, **kwargs)",
+        ("tests/test_experiment_tape_peft.py::test_exactly_the_declared_parameters_train",),
+        "peft.r: 0 trains the targets whole and still trains the scheme's own modules (PEFT drops what is not saved)",
+    ),
     # -- the command line (issue #36: help and argument errors without torch) ---------------------------------------
     Mutation(
         "cli-parsing-imports-hf-posenc", "hf_posenc_cli/arguments.py",

@@ -640,7 +640,9 @@ def test_rotation_angles_behind_cannot_be_tested():
 
 
 COMMITTED = ("length-generalisation", "length-generalisation/reproduction", "tapa-trainability", "context-extension",
-             "prope-gemma-ratio", "tapa-depth")
+             "prope-gemma-ratio", "tapa-depth", "tape-peft", "cope-passkey")
+# claim lines a report must end with (the claims each experiment speaks to; 4 where not named)
+CLAIM_LINES = {"tapa-depth": 3, "tape-peft": 1, "cope-passkey": 2}  # depth: two TAPA claims + Han & Ji
 
 
 @pytest.mark.parametrize("folder", COMMITTED)
@@ -670,7 +672,7 @@ def test_committed_reports_end_with_one_line_per_paper_claim(folder):
     assert text.count(CLAIMS_HEADING) == 1
     section = text[text.index(CLAIMS_HEADING):]
     claims = [line for line in section.splitlines() if line.startswith("- ")]
-    assert len(claims) >= (3 if folder == "tapa-depth" else 4)  # the depth experiment: two TAPA claims + Han & Ji
+    assert len(claims) >= CLAIM_LINES.get(folder, 4)
     for line in claims:
         status = [s for s in STATUSES if f": **{s}**: " in line]
         assert len(status) == 1, line
