@@ -89,6 +89,8 @@ def lora_config(
 
     if not target_modules:
         raise ValueError("lora_config: PEFT needs at least one LoRA target; e.g. target_modules=('q_proj', 'v_proj').")
+    if r < 0:
+        raise ValueError(f"lora_config: r is LoRA's rank (>= 1), or 0 to train target_modules whole; got {r}.")
     present = {name.rsplit(".", 1)[-1] for name, _ in model.named_modules()}
     missing = [t for t in target_modules if t not in present]
     if missing:

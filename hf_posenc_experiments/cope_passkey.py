@@ -61,11 +61,12 @@ PAPER_THETA, PAPER_LENGTH, PAPER_YARN = 1e7, 65536, 4
 
 # -- the passkey training windows ---------------------------------------------------------------------------------
 def evaluation_keys(config: CopePasskeyConfig, seed: int = 0) -> set[int]:
-    """The keys :func:`hf_posenc.evaluation.evaluate` asks about on this experiment's grid (its prompts depend only
-    on seed, task, length, depth and trial); :func:`score_passkey` checks every evaluated key is among them."""
-    from hf_posenc.evaluation.passkey import KEY_RANGE
+    """The keys :func:`hf_posenc.evaluation.evaluate` asks about on this experiment's grid (the evaluation's own
+    :func:`~hf_posenc.evaluation.runner.passkey_key`); :func:`score_passkey` checks every evaluated key is among
+    them."""
+    from hf_posenc.evaluation.runner import passkey_key
 
-    return {random.Random(f"{seed}/passkey/{n}/{float(d)!r}/{t}").randint(*KEY_RANGE)
+    return {passkey_key(seed, n, d, t)
             for n in config.passkey_lengths for d in config.passkey_depths for t in range(config.passkey_trials)}
 
 

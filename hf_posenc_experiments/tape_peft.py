@@ -50,20 +50,26 @@ def peft_section(config: TapePeftConfig, arm: PeftArm, rank: int) -> dict[str, A
             "trainable_norms": False, "scheme_modules": arm.scheme_modules}
 
 
+def _base_model(config: TapePeftConfig) -> Any:
+    """A fresh Llama of ``config.model`` at the extended length (the base's shape, random weights)."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    settings = config.model.llama_config(VOCAB_SIZE, VOCAB_SIZE - 1, config.extended_length)
+    return LlamaForCausalLM(LlamaConfig(**{k: v for k, v in settings.items() if k != "model_type"}))
+
+
 def trainable_parameters(config: TapePeftConfig, arm: PeftArm, rank: int = 0) -> dict[str, int]:
     """Name -> size of every parameter that trains in ``arm`` (LoRA at ``rank``), counted on the model the
     trainer builds: the Llama of ``config.model``, patched with the arm's scheme, wrapped by PEFT with the config
     :func:`hf_posenc.adapters.lora_config` makes from :func:`peft_section` (as ``hf_posenc.training`` does)."""
     import hf_posenc  # noqa: F401  (registers the patched model types)
     from peft import get_peft_model
-    from transformers import LlamaConfig, LlamaForCausalLM
 
     from hf_posenc.adapters import lora_config
     from hf_posenc.patching import patch_model
     from hf_posenc.schemes.spec import parse_scheme_spec
 
-    settings = config.model.llama_config(VOCAB_SIZE, VOCAB_SIZE - 1, config.extended_length)
-    model = LlamaForCausalLM(LlamaConfig(**{k: v for k, v in settings.items() if k != "model_type"}))
+    model = _base_model(config)
     patch_model(model, parse_scheme_spec(arm.spec))
     p = peft_section(config, arm, rank)
     peft_config = lora_config(model, r=p["r"], lora_alpha=p["alpha"], lora_dropout=p["dropout"],
@@ -101,11 +107,7 @@ def arm_budget(config: TapePeftConfig) -> dict[str, dict[str, Any]]:
 
 def base_parameters(config: TapePeftConfig) -> int:
     """Parameters of the base model (tied embeddings)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    settings = config.model.llama_config(VOCAB_SIZE, VOCAB_SIZE - 1, config.extended_length)
-    return sum(p.numel() for p in LlamaForCausalLM(LlamaConfig(**{k: v for k, v in settings.items()
-                                                                  if k != "model_type"})).parameters())
+    return sum(p.numel() for p in _base_model(config).parameters())
 
 
 def extension_recipe(config: TapePeftConfig, prepared: dict[str, Any], arm: PeftArm, rank: int, seed: int,

@@ -226,6 +226,8 @@ def test_recipe_r_0_trains_the_targets_whole_without_lora():
     whole = lora_config(model, r=0, target_modules=["o_proj"])
     assert isinstance(whole, LNTuningConfig) and set(whole.target_modules) == {"o_proj"} and not whole.modules_to_save
     assert isinstance(lora_config(model, r=4, target_modules=["o_proj"]), LoraConfig)
+    with pytest.raises(ValueError, match="r is LoRA's rank"):
+        lora_config(model, r=-1, target_modules=["o_proj"])
     with pytest.raises(ValueError, match="r=0 cannot train tied embeddings"):
         lora_config(model, r=0, target_modules=["o_proj"], train_embeddings=True)
 

@@ -32,6 +32,17 @@ def expand_tasks(tasks: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(out))
 
 
+def prompt_rng(seed: int, task: str, length: int, depth: float, trial: int) -> random.Random:
+    """The random stream of one retrieval prompt of :func:`evaluate`'s grid (its key or values): the same for every
+    model evaluated with ``seed``, so models are compared on the same prompts."""
+    return random.Random(f"{seed}/{task}/{length}/{float(depth)!r}/{trial}")
+
+
+def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
+    """The key the passkey prompt at this point of :func:`evaluate`'s grid hides (to keep training keys apart)."""
+    return prompt_rng(seed, "passkey", length, depth, trial).randint(*KEY_RANGE)
+
+
 def _prompt(task: str, tokenizer: Any, length: int, depth: float, rng: random.Random, num_distractors: int,
             num_values: int):
     if task == "passkey":
@@ -112,7 +123,7 @@ def evaluate(
                                                leave=False):
             cache_key = (id(tok), task, length, depth, trial)
             if cache_key not in prompt_cache:
-                rng = random.Random(f"{seed}/{task}/{length}/{depth!r}/{trial}")
+                rng = prompt_rng(seed, task, length, depth, trial)
                 prompt_cache[cache_key] = _prompt(task, tok, length, depth, rng, num_distractors, num_values)
             prompt = prompt_cache[cache_key]
             budget = max_new_tokens or (MAX_NEW_TOKENS if task == "passkey" else TOKENS_PER_VALUE * len(prompt.answers))
