@@ -412,8 +412,11 @@ KERNEL_NAMES = {"tapa_fwd": "TAPA forward", "tapa_bwd": "TAPA backward, fused (d
                 "tapa_bwd_dkdv": "TAPA backward dK/dV (deterministic backward)",
                 "tapa_bwd_dq": "TAPA backward dQ (deterministic backward)",
                 "tapa_decode": "TAPA decode (split-K)", "tape_fwd": "TAPE forward",
-                "tape_bwd_dkdv": "TAPE backward dK/dV/dE",
-                "tape_bwd_dq": "TAPE backward dQ", "tape_decode": "TAPE decode (split-K)",
+                "tape_bwd_dkdv": "TAPE backward dK/dV/dE (deterministic backward)",
+                "tape_bwd_dq": "TAPE backward dQ (deterministic backward)",
+                "tape_bwd_dvde": "TAPE backward dV/dE (fused backward; the default on Hopper)",
+                "tape_bwd_dkdq": "TAPE backward dK with atomic dQ (fused backward; the default on Hopper)",
+                "tape_decode": "TAPE decode (split-K)",
                 "flash_fwd": "baseline causal FlashAttention-2 forward (TAPA forward tiles)",
                 "flash_fwd_tape_tiles": "baseline causal FlashAttention-2 forward (TAPE forward tiles)"}
 
@@ -492,7 +495,7 @@ def find_kernel(kernels: list[dict], name: str, d: int) -> dict | None:
 
 # kernel -> what runs per score element (decode: per real row, see DECODE_ROWS)
 TABLE_KERNELS = ("flash_fwd", "tapa_fwd", "tapa_bwd", "tapa_bwd_dkdv", "tapa_bwd_dq", "tapa_decode", "tape_fwd",
-                 "tape_bwd_dkdv", "tape_bwd_dq", "tape_decode")
+                 "tape_bwd_dvde", "tape_bwd_dkdq", "tape_bwd_dkdv", "tape_bwd_dq", "tape_decode")
 
 
 def pipe_table(kernels: list[dict], head_dims) -> list[dict]:
@@ -536,12 +539,18 @@ RANKED_ROWS = {
     "tapa_fwd": (("tapa", "fwd", "TAPA (Triton)"), ("tapa_fwd",), "far_tile"),
     "tapa_fwd_bwd": (("tapa", "fwd_bwd", "TAPA (Triton)"), ("tapa_fwd", "tapa_bwd"), "far_tile"),
     "tape_fwd": (("tape", "fwd", "TAPE (Triton)"), ("tape_fwd",), "far_tile"),
-    "tape_fwd_bwd": (("tape", "fwd_bwd", "TAPE (Triton)"), ("tape_fwd", "tape_bwd_dkdv", "tape_bwd_dq"), "far_tile"),
+    "tape_fwd_bwd": (("tape", "fwd_bwd", "TAPE (Triton)"), ("tape_fwd", "tape_bwd_dvde", "tape_bwd_dkdq"), "far_tile"),
 }
+# binaries from before a row's kernels existed ran these instead (TAPE's backward before its fused kernels: the
+# two-kernel one, then the default)
+EARLIER_PARTS = {"tape_fwd_bwd": ("tape_fwd", "tape_bwd_dkdv", "tape_bwd_dq")}
 EXACT_ROWS = {  # beside the ranking: the series' gain, model against GPU, where a run timed both
     "tapa_fwd_exact": (("tapa", "fwd", "TAPA (Triton, exact d^α)"), ("tapa_fwd",), "near_diagonal"),
     "tapa_fwd_bwd_exact": (("tapa", "fwd_bwd", "TAPA (Triton, exact d^α)"), ("tapa_fwd", "tapa_bwd"),
                            "near_diagonal"),
+    # TAPE's two-kernel (deterministic) backward, timed beside the fused default
+    "tape_fwd_bwd_deterministic": (("tape", "fwd_bwd", "TAPE (Triton, deterministic backward)"),
+                                   ("tape_fwd", "tape_bwd_dkdv", "tape_bwd_dq"), "far_tile"),
 }
 ALL_ROWS = {**RANKED_ROWS, **EXACT_ROWS}
 
@@ -568,6 +577,9 @@ def model_bounds(kernels: list[dict], d: int = 128, rows: dict = ALL_ROWS, frnd_
     out = {}
     for name, (_, parts, path) in rows.items():
         found = [find_kernel(kernels, k, d) for k in parts]
+        if any(f is None for f in found) and name in EARLIER_PARTS:
+            parts = EARLIER_PARTS[name]
+            found = [find_kernel(kernels, k, d) for k in parts]
         if any(f is None for f in found) or (frnd_on_xu and any("frnd_on_xu" not in f for f in found)):
             continue
         pms = [(f["frnd_on_xu"] if frnd_on_xu else f["steady_state_loop"]["pipe_model"])[f"{path}_path"]
@@ -654,7 +666,8 @@ def change_check(before: dict, after: dict, kernels_before: list[dict], kernels_
     for name in ALL_ROWS:
         if name in m1 and name in b1:
             # a row the earlier run lacks (exact d^α) compares with the earlier binaries' default row
-            was = name if name in m0 else name.removesuffix("_exact")
+            # (TAPE's deterministic backward: with the binaries from before the fused one, the default)
+            was = name if name in m0 else name.removesuffix("_exact").removesuffix("_deterministic")
             if was in m0 and was in b0:
                 row = dict(compared_with=was, gpu_ratio=round(m1[name] / m0[was], 3),
                            model_ratio=round(b1[name]["bound"] / b0[was]["bound"], 3))
@@ -745,7 +758,8 @@ def measured_check(kernels_now: list[dict], measured: dict[str, tuple[list[dict]
               "call of forward or forward + backward, host time included) in SM clocks per score element "
               "(batch x 32 x L(L+1)/2 per call) at the model clock, against the model's bound: for fwd_bwd the "
               "bounds of the forward and of the backward kernels that run (TAPA: the fused tapa_bwd, Hopper's "
-              "default; TAPE: tape_bwd_dkdv + tape_bwd_dq), steady-state loops only (the diagonal blocks are "
+              "default; TAPE: tape_bwd_dvde + tape_bwd_dkdq, Hopper's default, or tape_bwd_dkdv + tape_bwd_dq in "
+              "binaries from before them), steady-state loops only (the diagonal blocks are "
               "about 1% of the elements at 16k; the backward's preprocessing and TAPE's q/k rotation, linear in "
               "L, are left out). efficiency = bound / measured. The baseline row is SDPA's flash kernel (FA2 "
               "class), modelled by the Triton flash forward compiled here: same work, another binary. "

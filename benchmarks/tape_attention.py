@@ -3,6 +3,7 @@
 Variants, all at the same shapes (bf16 on GPU):
   rope       RoPE rotation + SDPA with the flash backend (the baseline the fused kernel must stay close to)
   fused      TAPE rotation by the positional state + the fused Triton kernel (O = P·V and Ẽ = P·E in one pass)
+  deterministic  the same kernel with the two-kernel (bitwise reproducible) backward (fwd_bwd only)
   sdpa_fold  TAPE rotation + one SDPA call over [V | E] (unfused; value width D + De rules out flash)
   reference  TAPE rotation + the eager reference (materialises P; only up to --reference-max)
 

@@ -5,7 +5,8 @@ For each kernel (forward, decode, dK/dV, dQ) of a family, architecture and head 
 (BLOCK_M, BLOCK_N, num_warps, num_stages) is planned through the family's own `lane_specs` (its `tiles` table, or
 for decode its `decode.tile`, patched to the candidate) and compiled for that architecture; the winner is the candidate with no register
 spills (required at head dim <= 128) and shared memory within the limit that issues the fewest instructions
-per score element in its steady-state loop (benchmarks/kernels_static.py's count). A static proxy for speed:
+per score element in its steady-state loop (benchmarks/kernels_static.py's count; `--rank bound`: the lowest
+pipe-model bound in SM clocks per score element, which also sees which pipe binds). A static proxy for speed:
 it does not see memory stalls or occupancy, which a run on the GPU (`hf-posenc selftest`) measures.
 
 Usage: python benchmarks/tune_tiles.py --family tapa --arch 90 --head-dim 128 [--kernel dkdv dq] [--jobs 2]
@@ -28,13 +29,19 @@ CANDIDATES = {
             (64, 64, 8, 2), (128, 128, 8, 2)],
     "decode": [(16, 64, 4, 2), (16, 64, 4, 1), (16, 128, 4, 2), (16, 128, 8, 2), (16, 32, 4, 2)],
     "bwd": [(16, 64, 4, 1), (16, 64, 8, 1), (32, 64, 4, 1), (32, 64, 8, 1), (16, 128, 8, 1), (32, 128, 8, 1),
-            (32, 32, 4, 1), (32, 32, 4, 2), (64, 64, 8, 1), (64, 32, 8, 1), (16, 32, 4, 1)],
+            (32, 32, 4, 1), (32, 32, 4, 2), (64, 64, 8, 1), (64, 32, 8, 1), (16, 32, 4, 1), (16, 64, 4, 2),
+            (32, 64, 4, 2), (32, 64, 8, 2), (64, 64, 8, 2), (64, 64, 4, 1)],
     "dkdv": [(16, 64, 4, 1), (16, 64, 4, 2), (32, 64, 4, 1), (32, 64, 4, 2), (16, 128, 8, 1), (32, 128, 8, 1),
              (32, 32, 4, 2), (64, 64, 4, 1), (64, 32, 8, 1), (16, 32, 4, 1)],
     "dq": [(64, 32, 4, 1), (64, 32, 4, 2), (128, 32, 8, 1), (128, 32, 8, 2), (64, 64, 4, 1), (64, 64, 4, 2),
            (128, 64, 8, 1), (32, 16, 4, 1)],
 }
-LAUNCH = {"fwd": "{f}_fwd", "decode": "{f}_decode", "bwd": "{f}_bwd", "dkdv": "{f}_bwd_dkdv", "dq": "{f}_bwd_dq"}
+CANDIDATES["dkdq"] = CANDIDATES["dvde"] = [(32, 64, 4, 1), (32, 64, 4, 2), (64, 64, 4, 1), (64, 64, 4, 2),
+                                          (32, 64, 8, 2), (64, 64, 8, 2), (32, 128, 8, 1), (64, 128, 8, 1),
+                                          (64, 128, 8, 2), (16, 128, 8, 2), (128, 64, 8, 2), (128, 128, 8, 1)]
+PAIRED = {"dkdq": ("dvde",), "dvde": ("dkdq",)}  # TAPE's fused backward: two key-side launches
+LAUNCH = {"fwd": "{f}_fwd", "decode": "{f}_decode", "bwd": "{f}_bwd", "dkdv": "{f}_bwd_dkdv", "dq": "{f}_bwd_dq",
+          "dkdq": "{f}_bwd_dkdq", "dvde": "{f}_bwd_dvde"}
 
 
 def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int, int, int, int],
@@ -53,7 +60,9 @@ def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int
         importlib.import_module(f"hf_posenc.kernels.{family}.decode").tile = lambda target, *dims: Tile(*tile)
     else:
         table = mod.tiles
-        mod.tiles = lambda target, *dims: {**table(target, *dims), kernel: Tile(*tile)}
+        pair = PAIRED.get(kernel, ())  # a kernel planned only beside another: that one takes the candidate too
+        mod.tiles = lambda target, *dims: {**{k: Tile(*tile) for k in pair}, **table(target, *dims),
+                                           kernel: Tile(*tile)}
     name = LAUNCH[kernel].format(f=family)
     out = dict(family=family, kernel=kernel, arch=arch, head_dim=head_dim, tile=tile, theta=theta, linear=linear)
     spec = next((s for s in mod.lane_specs(Target.gpu(arch), torch.bfloat16, head_dim)
@@ -71,9 +80,11 @@ def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int
         constexprs, num_warps = spec.constexprs, spec.num_warps
 
     loops = kernels_static.analyse(_Rec, sass(compiled))
-    per = loops.get("steady_state_loop", {}).get("per_element_total")
+    steady = loops.get("steady_state_loop", {})
+    far = steady.get("pipe_model", {}).get("far_tile_path", {})
     return dict(out, registers=res.registers, spills=res.spills, shared=res.shared,
-                fits=res.shared <= SHARED_LIMIT[arch], per_element=per)
+                fits=res.shared <= SHARED_LIMIT[arch], per_element=steady.get("per_element_total"),
+                bound=far.get("bound"), binding=far.get("binding"))
 
 
 def _evaluate(args: tuple) -> dict:
@@ -89,7 +100,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ap.add_argument("--jobs", type=int, default=os.cpu_count())
     ap.add_argument("--theta", type=float, default=0.5, help="TAPA amplitude fraction (a planned one: 0.5, 0.25)")
     ap.add_argument("--linear", action="store_true", help="TAPA linear phase (eq. 16)")
+    ap.add_argument("--rank", choices=["instructions", "bound"], default="instructions",
+                    help="winner by issued instructions per score element (how the committed tables were chosen) or "
+                         "by the pipe model's lower bound in SM clocks per score element (kernels_static)")
     a = ap.parse_args(argv)
+    key = "per_element" if a.rank == "instructions" else "bound"
     jobs = [(a.family, k, arch, d, t, a.theta, a.linear) for d in a.head_dim for arch in a.arch for k in a.kernel
             for t in CANDIDATES[k]]
     with ProcessPoolExecutor(a.jobs) as pool:
@@ -100,11 +115,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
         for arch in a.arch:
             for k in a.kernel:
                 cell = [r for r in results if r["head_dim"] == d and r["arch"] == arch and r["kernel"] == k
-                        and "error" not in r and r["fits"] and r["per_element"] is not None
+                        and "error" not in r and r["fits"] and r[key] is not None
                         and (r["spills"] == 0 or d > 128)]
-                best = min(cell, key=lambda r: (r["spills"] > 0, r["per_element"]), default=None)
-                print(f"best {a.family} {k} sm_{arch} D={d}: {best['tile'] if best else 'none'} "
-                      f"{best['per_element'] if best else ''}")
+                best = min(cell, key=lambda r: (r["spills"] > 0, r[key]), default=None)
+                print(f"best {a.family} {k} sm_{arch} D={d} by {a.rank}: {best['tile'] if best else 'none'} "
+                      f"{best[key] if best else ''}")
     return results
 
 

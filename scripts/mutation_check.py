@@ -189,12 +189,33 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tape-kernel-dk-misses-the-softmax-scale", "hf_posenc/kernels/tape/triton_tape.py",
-        "(dk * scale).to(DK.dtype.element_ty)",
-        "dk.to(DK.dtype.element_ty)",
+        "(dk * scale).to(DK_.dtype.element_ty)",
+        "dk.to(DK_.dtype.element_ty)",
         ("tests/test_tape_kernel.py::test_triton_forward_and_gradients_match_reference",),
         "backward of S = scale·q kᵀ: dk = scale·dSᵀ·q",
     ),
+    Mutation(
+        "tape-fused-dq-drops-the-masked-tiles", "hf_posenc/kernels/tape/triton_tape.py",
+        "if FUSE_DQ:",
+        "if FUSE_DQ and not MASKED:",
+        ("tests/test_tape_kernel.py::test_triton_forward_and_gradients_match_reference",),
+        "the fused backward adds dq from every tile it visits, the diagonal and padded ones included",
+    ),
+    Mutation(
+        "tape-fused-dq-misses-the-softmax-scale", "hf_posenc/kernels/tape/triton_tape.py",
+        "return self.dq.mul_(self.dq_scale).to(self.dq_dtype)",
+        "return self.dq.to(self.dq_dtype)",
+        ("tests/test_tape_kernel.py::test_triton_forward_and_gradients_match_reference",),
+        "the fused backward's fp32 accumulator holds dS·k; dq = scale·dS·k",
+    ),
     # -- TAPA (paper §3 eq. 12, §4.5 eq. 16) -------------------------------------------------------------------
+    Mutation(
+        "tapa-cached-keys-one-position-early", "hf_posenc/schemes/tapa/attention.py",
+        "torch.arange(1 - kv_len, 1, device=device)",
+        "torch.arange(-kv_len, 0, device=device)",
+        ("tests/test_tapa.py::test_kv_cache_generation_equals_full_forward",),
+        "with a cache and no padding, key j sits kv_len - 1 - j positions before the last query (|m - n| of eq. 12)",
+    ),
     Mutation(
         "tapa-ignores-key-padding", "hf_posenc/schemes/tapa/attention.py",
         "key_padding_mask=key_padding, q_segment_ids=segments",
@@ -222,9 +243,9 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     Mutation(
         "tapa-decode-key-positions-off-by-one", "hf_posenc/schemes/tapa/attention.py",
-        "after = real.flip(-1).long().cumsum(-1).flip(-1) - real.long()",
-        "after = real.flip(-1).long().cumsum(-1).flip(-1)",
-        (f"{TAPA_EQ}::test_decode_equals_the_full_pass",),
+        "after = key_padding.flip(-1).long().cumsum(-1).flip(-1) - key_padding.long()",
+        "after = key_padding.flip(-1).long().cumsum(-1).flip(-1)",
+        (f"{TAPA_EQ}::test_decode_equals_the_full_pass", "tests/test_tapa.py::test_left_padded_batch_equals_one_by_one"),
         "eq. 12 needs |m − n| exactly: a cached key keeps its position",
     ),
     Mutation(

@@ -37,7 +37,9 @@ def _seed_matches_this_triton() -> None:
                     "this build")
 
 TAPA_KERNELS = {"tapa_fwd", "tapa_decode", "split_combine", "row_dot", "tapa_bwd", "tapa_bwd_dkdv", "tapa_bwd_dq"}
-TAPE_KERNELS = {"tape_fwd", "tape_decode", "split_combine", "row_dot", "tape_bwd_dkdv", "tape_bwd_dq"}
+TAPE_KERNELS = {"tape_fwd", "tape_decode", "split_combine", "row_dot", "tape_bwd_dvde", "tape_bwd_dkdq", "tape_bwd_dkdv",
+                "tape_bwd_dq"}
+FUSED_BWD = {"tapa_bwd", "tape_bwd_dvde", "tape_bwd_dkdq"}  # the fused backwards' launches (sm_90, D <= 128)
 
 
 @pytest.fixture(scope="module")
@@ -112,8 +114,8 @@ def test_lane_covers_every_entry_kernel_and_flag(lane):
                     cell = [r for r in lane if f"triton_{family}" in r.family and r.arch == arch
                             and r.dtype == dtype and r.head_dim == d]
                     names = {n for r in cell for n in r.launches}
-                    fused = family == "tapa" and arch == 90 and d <= 128  # where the tile table lists it
-                    assert names == (expected if fused else expected - {"tapa_bwd"}), (family, arch, dtype, d, names)
+                    fused = arch == 90 and d <= 128  # where the tile tables list the fused backward
+                    assert names == (expected if fused else expected - FUSED_BWD), (family, arch, dtype, d, names)
                     if family == "tapa":  # both phase modes × θ = 0.5 (and 0.25 at D <= 128), every kernel
                         das = (d // 2, d // 4) if d <= 128 else (d // 2,)
                         planned = {(lin, da) for lin in (True, False) for da in das}
@@ -138,7 +140,7 @@ def test_fp32_inputs_fit_shared_memory(fp32_lane):
     assert {(r.arch, r.dtype, r.head_dim) for r in records} == {(a, "float32", 128) for a in (80, 90)}
     assert not [(r.launches, r.arch, r.problems) for r in records if r.problems]
     assert all(r.error is None and r.shared <= r.shared_limit for r in records)
-    assert {n for r in records for n in r.launches} == (TAPA_KERNELS - {"tapa_bwd"}) | TAPE_KERNELS  # no fused bwd
+    assert {n for r in records for n in r.launches} == (TAPA_KERNELS | TAPE_KERNELS) - FUSED_BWD  # no fused bwd
 
 
 def test_masks_are_runtime_arguments(lane):

@@ -142,20 +142,21 @@ def test_decode_plan_splits_keys_only_when_there_are_several_blocks(monkeypatch,
     torch.testing.assert_close(eo, reo, **TOL[torch.float32])
 
 
-def _forward_backward(fn, inputs, kpm, causal, go, ge):
+def _forward_backward(fn, inputs, kpm, causal, go, ge, **options):
     leaves = [t.detach().clone().requires_grad_() for t in inputs]
-    o, eo = fn(*leaves, causal=causal, key_padding_mask=kpm)
+    o, eo = fn(*leaves, causal=causal, key_padding_mask=kpm, **options)
     grads = torch.autograd.grad((o * go).sum() + (eo * ge).sum(), leaves)
     return o.detach(), eo.detach(), grads
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
 @pytest.mark.parametrize("name", list(SHAPES))
-def test_triton_forward_and_gradients_match_reference(name):
+def test_triton_forward_and_gradients_match_reference(name, deterministic):
     B, Hq, Hkv, Lq, Lk, D, De, causal, pad = SHAPES[name]
     inputs, kpm = make_inputs(B, Hq, Hkv, Lq, Lk, D, De, pad)
     go = torch.randn(B, Hq, Lq, D, device=DEVICE)
     ge = torch.randn(B, Hq, Lq, De, device=DEVICE)
-    o, eo, grads = _forward_backward(tape_attention_triton, inputs, kpm, causal, go, ge)
+    o, eo, grads = _forward_backward(tape_attention_triton, inputs, kpm, causal, go, ge, deterministic=deterministic)
     # fp32 inputs: compare with the reference run in float64 (fp32 kernel dots are exact, not tf32)
     ro, reo, ref = _forward_backward(tape_attention_reference, [t.double() for t in inputs], kpm, causal,
                                      go.double(), ge.double())
@@ -221,15 +222,16 @@ def test_triton_fp16_forward():
     torch.testing.assert_close(eo, reo, **TOL[torch.float16])
 
 
+@pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
 @pytest.mark.parametrize("D", [32, 64, 128])
-def test_triton_fp16_backward(D):
+def test_triton_fp16_backward(D, deterministic):
     """fp16 inputs: forward and all four gradients against the reference on the same fp16 inputs."""
     B, Hq, Hkv, Lq, Lk = 1, 4, 2, 29, 29
     inputs, kpm = make_inputs(B, Hq, Hkv, Lq, Lk, D, D, left_pad=True, dtype=torch.float16, seed=D)
     g = torch.Generator().manual_seed(D + 1)
     go = torch.randn(B, Hq, Lq, D, generator=g).to(DEVICE, torch.float16)
     ge = torch.randn(B, Hq, Lq, D, generator=g).to(DEVICE, torch.float16)
-    o, eo, grads = _forward_backward(tape_attention_triton, inputs, kpm, True, go, ge)
+    o, eo, grads = _forward_backward(tape_attention_triton, inputs, kpm, True, go, ge, deterministic=deterministic)
     ro, reo, ref = _forward_backward(tape_attention_reference, inputs, kpm, True, go, ge)
     torch.testing.assert_close(o, ro, **TOL[torch.float16])
     torch.testing.assert_close(eo, reo, **TOL[torch.float16])
@@ -237,6 +239,69 @@ def test_triton_fp16_backward(D):
         scale = max(1.0, b.abs().max().item())
         torch.testing.assert_close(a.float() / scale, b.float() / scale, atol=1e-2, rtol=0,
                                    msg=lambda m: f"d{label}: {m}")
+
+
+def test_backward_path_follows_torch_determinism(monkeypatch):
+    """The fused backward (dv/de in one key-side launch, dk with atomic dq in the other) is the default;
+    torch.use_deterministic_algorithms(True) or deterministic=True selects the two-kernel backward, whose dq is
+    bitwise reproducible. Both give the same gradients."""
+    import hf_posenc.kernels.tape.triton_tape as tt
+
+    names = []
+    real = tt.launch_all
+    monkeypatch.setattr(tt, "launch_all", lambda specs: (names.append([s.name for s in specs]), real(specs)))
+    inputs, kpm = make_inputs(1, 4, 2, 37, 37, 32, 16, left_pad=True, seed=11)
+    go, ge = torch.randn(1, 4, 37, 32, device=DEVICE), torch.randn(1, 4, 37, 16, device=DEVICE)
+
+    def grads(**kw):
+        names.clear()
+        return names, _forward_backward(tape_attention_triton, inputs, kpm, True, go, ge, **kw)[2]
+
+    seen, fused = grads()
+    assert seen[-1] == ["row_dot", "tape_bwd_dvde", "tape_bwd_dkdq"]
+    was = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        seen, g1 = grads()
+        assert seen[-1] == ["row_dot", "tape_bwd_dkdv", "tape_bwd_dq"]
+    finally:
+        torch.use_deterministic_algorithms(was)
+    seen, g2 = grads(deterministic=True)
+    assert seen[-1] == ["row_dot", "tape_bwd_dkdv", "tape_bwd_dq"]
+    for a, b in zip(g1, g2):
+        assert torch.equal(a, b)
+    for label, a, b in zip("q k v e".split(), fused, g2):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5, msg=lambda m: f"d{label}: {m}")
+
+
+@pytest.mark.parametrize("arch, fused", [(90, True), (80, False)])
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_gpu_backward_plan(arch, fused, D):
+    """On Hopper the fused backward is planned at head dims <= 128 (its tiles: key blocks of 64+, so every product
+    can run on the warpgroup MMA), the two-kernel one at D = 256 and on Ampere; deterministic=True always plans
+    the two-kernel backward. Planned on meta tensors, nothing runs."""
+    from hf_posenc.kernels._triton import Target
+    from hf_posenc.kernels.tape.naive import validate_tape_args
+    from hf_posenc.kernels.tape.triton_tape import plan_backward
+
+    def meta(*shape, dt=torch.bfloat16):
+        return torch.empty(*shape, device="meta", dtype=dt)
+
+    q, o, do = (meta(2, 8, 1024, D) for _ in range(3))
+    k, v, e = (meta(2, 2, 1024, D) for _ in range(3))
+    args = validate_tape_args(q, k, v, e)
+    target = Target.gpu(arch)
+    plan = plan_backward(do, do, q, k, v, e, o, o, meta(2, 8, 1024, dt=torch.float32), args, target)
+    names = [s.name for s in plan.specs]
+    if fused and D <= 128:
+        assert names == ["row_dot", "tape_bwd_dvde", "tape_bwd_dkdq"]
+        assert plan.dq.dtype == torch.float32 and plan.dq_scale == args.scale
+        assert all(s.args["BLOCK_N"] >= 64 for s in plan.specs[1:])
+    else:
+        assert names == ["row_dot", "tape_bwd_dkdv", "tape_bwd_dq"]
+        assert plan.dq.dtype == torch.bfloat16 and plan.dq_scale is None
+    det = plan_backward(do, do, q, k, v, e, o, o, meta(2, 8, 1024, dt=torch.float32), args, target, True)
+    assert [s.name for s in det.specs] == ["row_dot", "tape_bwd_dkdv", "tape_bwd_dq"]
 
 
 def test_triton_non_contiguous_inputs_and_custom_scale():

@@ -66,8 +66,8 @@ def interpreting() -> bool:
 
 
 def pow2(n: int, lo: int = 16) -> int:
-    """Next power of two >= n, at least `lo` (tile extents must be powers of two; dots need >= 16)."""
-    return max(lo, triton.next_power_of_2(n))
+    """Next power of two >= n, at least `lo` (tile extents must be powers of two; dots need >= 16). Host ints."""
+    return max(lo, 1 << (n - 1).bit_length() if n >= 1 else triton.next_power_of_2(n))  # as triton's, no call cost
 
 
 @dataclass(frozen=True)
@@ -136,7 +136,11 @@ class LaunchSpec:
     """One planned kernel launch: every kernel parameter by name (tensors, ints, floats and constexprs) except
     the constexprs the kernel derives with ``triton.heuristics``; those are evaluated here from `args` by the
     kernel's own rules, as Triton evaluates them when :meth:`launch` runs the kernel, into `derived`
-    (`all_args` = what the launch binds, which the compile lane compiles)."""
+    (`all_args` = what the launch binds, which the compile lane compiles).
+
+    Planning runs on every call of an op (decode calls are host-bound), so what does not change between calls is
+    read once per kernel: its parameters (`kernel_info`) and the check of each list of planned names
+    (`check_arg_names`). No tensor is kept from call to call."""
 
     name: str
     kernel: Any  # triton JITFunction (InterpretedFunction under TRITON_INTERPRET=1), maybe in triton.heuristics
@@ -149,27 +153,17 @@ class LaunchSpec:
     constexpr_names: tuple[str, ...] = field(default=(), init=False)
 
     def __post_init__(self) -> None:
-        self.jit, rules = unwrap_heuristics(self.kernel)
-        names = list(self.jit.arg_names)
-        missing = [n for n in names if n not in self.args and n not in rules]
-        extra = [n for n in self.args if n not in names]
-        if missing or extra:
-            raise TypeError(f"{self.name}: launch arguments do not match the kernel: missing {missing}, "
-                            f"unknown {extra}")
-        planned = [n for n in rules if n in self.args]
-        if planned:
-            raise TypeError(f"{self.name}: {planned} are derived by the kernel's triton.heuristics and must not be "
-                            "planned")
+        # unwrap the heuristics and check the planned names against the kernel's parameters (once per kernel and
+        # list of names: KernelInfo), evaluate the rules
+        info = kernel_info(self.kernel)
+        check_arg_names(self.name, info, self.args)
+        self.jit, self.constexpr_names = info.jit, info.constexpr_names
         # what Heuristics.run hands each rule: the launch's keyword arguments plus the values derived before it
-        seen = dict(self.args, grid=self.grid, warmup=False, num_warps=self.num_warps, num_stages=self.num_stages)
-        for n, rule in rules.items():
-            seen[n] = self.derived[n] = rule(seen)
-        params = getattr(self.jit, "params", None)
-        if params is not None:
-            self.constexpr_names = tuple(p.name for p in params if p.is_constexpr)
-        else:  # interpreter objects: read the annotations of the Python function
-            sig = inspect.signature(getattr(self.jit, "fn", self.jit))
-            self.constexpr_names = tuple(n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation))
+        self.derived = derive_constexprs(info, self.args, self.launch_options())
+
+    def launch_options(self) -> dict[str, Any]:
+        """The launch's own keywords, which Triton hands the heuristics rules beside the arguments."""
+        return dict(grid=self.grid, warmup=False, num_warps=self.num_warps, num_stages=self.num_stages)
 
     def launch(self) -> None:
         if any(g <= 0 for g in self.grid):
@@ -292,7 +286,8 @@ class Tile:
 
 
 def strides(t: torch.Tensor, n: int = 3) -> tuple[int, ...]:
-    return tuple(t.stride(i) for i in range(n))
+    """The first n strides of t (one call into torch, not n)."""
+    return t.stride()[:n]
 
 
 def table_row(table: dict[str, dict[int, Any]], target: Target, width: int, itemsize: int = 2) -> Any:
@@ -321,7 +316,7 @@ def num_splits(target: Target, n_programs: int, kv_len: int, block_n: int) -> in
     """Split-K factor for decode: about DECODE_PROGRAMS_PER_SM programs per SM, at least 4 key blocks per split
     (1 in the interpreter so the tests exercise the combine step)."""
     min_blocks = 1 if target.interpreter else 4
-    max_splits = max(1, triton.cdiv(kv_len, block_n * min_blocks))
+    max_splits = max(1, cdiv(kv_len, block_n * min_blocks))
     return max(1, min(max_splits, (DECODE_PROGRAMS_PER_SM * target.sm_count) // max(1, n_programs), 128))
 
 
@@ -350,16 +345,15 @@ class ForwardLayout:
                 tile: Tile) -> "ForwardLayout":
         """Decode: a whole GQA group's rows per program (each K/V block is read once per kv head and row tile),
         the key axis split across programs (`num_splits`)."""
-        n_programs = triton.cdiv(group * q_len, tile.block_m) * batch * kv_heads
+        n_programs = cdiv(group * q_len, tile.block_m) * batch * kv_heads
         return cls._cover(group, kv_heads, q_len, k_len, tile, num_splits(target, n_programs, k_len, tile.block_n))
 
     @classmethod
     def _cover(cls, heads: int, head_programs: int, q_len: int, k_len: int, tile: Tile,
                splits: int) -> "ForwardLayout":
         rows = heads * q_len
-        split_len = triton.cdiv(triton.cdiv(k_len, splits), tile.block_n) * tile.block_n
-        return cls(heads, head_programs, rows, triton.cdiv(rows, tile.block_m), triton.cdiv(k_len, split_len),
-                   split_len)
+        split_len = cdiv(cdiv(k_len, splits), tile.block_n) * tile.block_n
+        return cls(heads, head_programs, rows, cdiv(rows, tile.block_m), cdiv(k_len, split_len), split_len)
 
     def grid(self, batch: int) -> tuple[int, int, int]:
         return self.row_tiles, batch * self.head_programs, self.splits
@@ -551,6 +545,22 @@ def add_rows(ptrs, x, row_ok, col_ok, ROWS: tl.constexpr, COLS: tl.constexpr):
             tl.atomic_add(ptrs, x, sem="relaxed")
 
 
+@triton.jit
+def add_cols(ptrs, x, col_ok, row_ok, COLS: tl.constexpr, ROWS: tl.constexpr):
+    """`add_rows` of a transposed tile: x[r, c] goes to row c of the output (a [D, M] product dQᵀ = Kᵀ·dSᵀ added to
+    dQ's M rows), masking its columns (the output's rows) / rows (the output's columns) where the constexpr says."""
+    if COLS:
+        if ROWS:
+            tl.atomic_add(ptrs, x, mask=col_ok[None, :] & row_ok[:, None], sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, x, mask=col_ok[None, :], sem="relaxed")
+    else:
+        if ROWS:
+            tl.atomic_add(ptrs, x, mask=row_ok[:, None], sem="relaxed")
+        else:
+            tl.atomic_add(ptrs, x, sem="relaxed")
+
+
 # ----------------------------------------------------------------------------------------------------
 # Two helper kernels both families use
 # ----------------------------------------------------------------------------------------------------
@@ -638,13 +648,12 @@ def plan_split_combine(o_parts: torch.Tensor, lse_parts: torch.Tensor, out: torc
                        lse: torch.Tensor) -> LaunchSpec:
     """o_parts [B, H, S, Lq, W] (last dim contiguous), lse_parts [B, H, S, Lq] → out [B, H, Lq, W], lse [B, H, Lq]."""
     B, H, S, Lq, W = o_parts.shape
+    (osb, osh, oss, osm), (lsb, lsh, lss), (ob, oh, om) = strides(o_parts, 4), strides(lse_parts), strides(out)
     return LaunchSpec(
         "split_combine", _split_combine_kernel, (B * H * Lq,),
         dict(OS=o_parts, LSES=lse_parts, O=out, LSE=lse, H=H, Lq=Lq, S=S,
-             stride_osb=o_parts.stride(0), stride_osh=o_parts.stride(1), stride_oss=o_parts.stride(2),
-             stride_osm=o_parts.stride(3), stride_lsb=lse_parts.stride(0), stride_lsh=lse_parts.stride(1),
-             stride_lss=lse_parts.stride(2), stride_ob=out.stride(0), stride_oh=out.stride(1),
-             stride_om=out.stride(2), W=W, BLOCK_S=16),
+             stride_osb=osb, stride_osh=osh, stride_oss=oss, stride_osm=osm, stride_lsb=lsb, stride_lsh=lsh,
+             stride_lss=lss, stride_ob=ob, stride_oh=oh, stride_om=om, W=W, BLOCK_S=16),
         num_warps=4, num_stages=1,
     )
 
@@ -737,3 +746,77 @@ def sass(compiled: Any) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         path = _write_cubin(compiled, tmp)
         return subprocess.run([_tool("nvdisasm"), "-c", path], capture_output=True, text=True, check=True).stdout
+
+
+# ----------------------------------------------------------------------------------------------------
+# Planning on every call, cheaply: what `LaunchSpec` reads once per kernel (kept at the end of the module: a JIT
+# function's line number is part of Triton's cache key, so the kernels above keep theirs)
+# ----------------------------------------------------------------------------------------------------
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) of host integers: ``triton.cdiv`` without its ``constexpr_function`` call overhead (planning
+    runs on every call, and decode calls are host-bound)."""
+    return -(-a // b)
+
+
+@dataclass(frozen=True, eq=False)
+class KernelInfo:
+    """What planning a launch reads of a kernel object (`kernel_info`): the JIT function under its heuristics
+    wrappers, their rules (`unwrap_heuristics`), the parameter names and the constexpr parameter names; and the
+    lists of planned names that passed `check_arg_names`."""
+
+    jit: Any
+    rules: dict[str, Rule]
+    arg_names: tuple[str, ...]
+    constexpr_names: tuple[str, ...]
+    checked: set[tuple[str, ...]] = field(default_factory=set)
+
+
+_KERNEL_INFO: dict[int, tuple[Any, KernelInfo]] = {}  # id(kernel) -> (kernel, info): the entry keeps its id taken
+
+
+def kernel_info(kernel: Any) -> KernelInfo:
+    """`KernelInfo` of a kernel, read once per kernel object (interpreter objects have no ``params``: their
+    constexprs come from the Python function's annotations, which ``inspect.signature`` parses slowly)."""
+    hit = _KERNEL_INFO.get(id(kernel))
+    if hit is not None and hit[0] is kernel:
+        return hit[1]
+    jit, rules = unwrap_heuristics(kernel)
+    params = getattr(jit, "params", None)
+    if params is not None:
+        constexpr_names = tuple(p.name for p in params if p.is_constexpr)
+    else:  # interpreter objects: read the annotations of the Python function
+        sig = inspect.signature(getattr(jit, "fn", jit))
+        constexpr_names = tuple(n for n, p in sig.parameters.items() if "constexpr" in str(p.annotation))
+    info = KernelInfo(jit, rules, tuple(jit.arg_names), constexpr_names)
+    _KERNEL_INFO[id(kernel)] = (kernel, info)
+    return info
+
+
+def derive_constexprs(info: KernelInfo, args: dict[str, Any], launch: dict[str, Any]) -> dict[str, Any]:
+    """The constexprs the kernel's ``triton.heuristics`` rules derive from the planned `args` and the launch
+    options `launch` (grid, warmup, num_warps, num_stages), as ``Heuristics.run`` evaluates them: each rule sees
+    the launch's keyword arguments plus the values derived before it."""
+    seen = dict(args, **launch)
+    derived = {}
+    for n, rule in info.rules.items():
+        seen[n] = derived[n] = rule(seen)
+    return derived
+
+
+def check_arg_names(name: str, info: KernelInfo, args: dict[str, Any]) -> None:
+    """Raise TypeError unless `args` names every kernel parameter but the derived constexprs, and nothing else
+    (checked once per kernel and list of names: `KernelInfo.checked`)."""
+    planned = tuple(args)
+    if planned in info.checked:
+        return
+    missing = [n for n in info.arg_names if n not in args and n not in info.rules]
+    extra = [n for n in args if n not in info.arg_names]
+    if missing or extra:
+        raise TypeError(f"{name}: launch arguments do not match the kernel: missing {missing}, unknown {extra}")
+    derived_planned = [n for n in info.rules if n in args]
+    if derived_planned:
+        raise TypeError(f"{name}: {derived_planned} are derived by the kernel's triton.heuristics and must not be "
+                        "planned")
+    info.checked.add(planned)

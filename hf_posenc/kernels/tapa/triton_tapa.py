@@ -12,7 +12,7 @@ c_P·d^α = 2^(α·log2 d + log2 c_P) (0 at d = 0, where log2 d = −inf), t is 
 r = t − rint(t) and cos(2π r) is evaluated, so long distances stay accurate when q/k are bf16. On CUDA the
 transcendental steps are single special-function instructions (see `hf_posenc.kernels._triton`); the
 interpreter runs the accurate library functions. Positions enter as fp32 offsets from the batch row's
-smallest position (distances exact while positions span less than 2^24).
+first key position (distances exact while positions span less than 2^24: `_Inputs.relative_positions`).
 
 Masks are runtime arguments, so one binary serves every mask combination (the constexpr variants are the
 phase mode LINEAR only): causality and the sliding window are integers; key padding and segment ids become
@@ -598,22 +598,12 @@ class _Inputs:
     @classmethod
     def build(cls, q: torch.Tensor, k: torch.Tensor, args: TapaArgs) -> "_Inputs":
         Lk = k.shape[2]
-        base = torch.minimum(args.q_positions.amin(1, keepdim=True), args.k_positions.amin(1, keepdim=True))
-        q_pos = (args.q_positions - base).to(torch.float32).contiguous()
-        k_pos = (args.k_positions - base).to(torch.float32).contiguous()
+        q_pos, k_pos = cls.relative_positions(args.q_positions, args.k_positions)
         q_tag = k_tag = None
-        if args.q_segment_ids is not None or args.key_padding_mask is not None:
-            if args.q_segment_ids is not None:
-                qs, ks = args.q_segment_ids, args.k_segment_ids
-                tbase = torch.minimum(qs.amin(1, keepdim=True), ks.amin(1, keepdim=True))
-                qs, ks = qs - tbase, ks - tbase  # >= 0, so −1 is free for padded keys
-            else:
-                qs = torch.zeros_like(args.q_positions)
-                ks = torch.zeros_like(args.k_positions)
-            if args.key_padding_mask is not None:
-                ks = torch.where(args.key_padding_mask, ks, torch.full_like(ks, -1))
-            q_tag = qs.to(torch.int32).contiguous()
-            k_tag = ks.to(torch.int32).contiguous()
+        if args.q_segment_ids is None and args.key_padding_mask is not None:
+            q_tag, k_tag = cls.padding_tags(args.key_padding_mask, args.q_positions.shape[1])
+        elif args.q_segment_ids is not None:
+            q_tag, k_tag = cls.tags_reference(args)
         q_psum = k_psum = None
         if args.linear:
             q_psum = q[..., args.amp_dims:].to(torch.float32).sum(-1).contiguous()
@@ -622,22 +612,74 @@ class _Inputs:
         return cls(q_pos, k_pos, q_tag, k_tag, q_psum, k_psum, 1.0 / math.sqrt(args.amp_dims),
                    math.log2(1.0 / math.sqrt(args.phase_dims)), w if w is not None and w < Lk else NO_WINDOW)
 
+    @staticmethod
+    def relative_positions(q_positions: torch.Tensor, k_positions: torch.Tensor
+                           ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Contiguous fp32 positions [B, Lq], [B, Lk] relative to each batch row's first key position. Every value
+        is an integer no larger in magnitude than the row's span of positions, so exact in fp32 while the span is
+        below 2^24, at any absolute position, and the kernels' distances |q − k| with it (they use nothing but
+        differences of positions). One ATen op per tensor (a decode call is host-bound, each op a CUDA launch):
+        the int64 difference written straight into the fp32 output, which casts the exact difference as
+        ``.to(torch.float32)`` does; the base is a view, not a reduction. `relative_positions_reference`: the
+        readable form (base: the row's smallest position), with the same distances."""
+        base = k_positions[:, :1]
+        q_pos = torch.empty(q_positions.shape, dtype=torch.float32, device=q_positions.device)
+        k_pos = torch.empty(k_positions.shape, dtype=torch.float32, device=k_positions.device)
+        torch.sub(q_positions, base, out=q_pos)
+        torch.sub(k_positions, base, out=k_pos)
+        return q_pos, k_pos
+
+    @staticmethod
+    def relative_positions_reference(q_positions: torch.Tensor, k_positions: torch.Tensor
+                                     ) -> tuple[torch.Tensor, torch.Tensor]:
+        """`relative_positions` written plainly: offsets from the row's smallest position, in fp32 (7 ops)."""
+        base = torch.minimum(q_positions.amin(1, keepdim=True), k_positions.amin(1, keepdim=True))
+        return ((q_positions - base).to(torch.float32).contiguous(),
+                (k_positions - base).to(torch.float32).contiguous())
+
+    @staticmethod
+    def padding_tags(key_padding_mask: torch.Tensor, q_len: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 tags of key padding without segments (left-padded batches in ``generate``): every query 0,
+        keys 0 where attended and −1 where padded, as `tags_reference` makes them, in 2 ATen ops (not 6)."""
+        B, Lk = key_padding_mask.shape
+        q_tag = torch.zeros((B, q_len), dtype=torch.int32, device=key_padding_mask.device)
+        k_tag = torch.empty((B, Lk), dtype=torch.int32, device=key_padding_mask.device)
+        torch.add(key_padding_mask, -1, out=k_tag)  # True (attend) -> 0, False (padding) -> -1
+        return q_tag, k_tag
+
+    @staticmethod
+    def tags_reference(args: TapaArgs) -> tuple[torch.Tensor, torch.Tensor]:
+        """int32 tags (query i sees key j only if their tags are equal): segment ids shifted to >= 0, so −1 is free
+        for padded keys; without segments every query and attended key 0."""
+        if args.q_segment_ids is not None:
+            qs, ks = args.q_segment_ids, args.k_segment_ids
+            tbase = torch.minimum(qs.amin(1, keepdim=True), ks.amin(1, keepdim=True))
+            qs, ks = qs - tbase, ks - tbase  # >= 0, so −1 is free for padded keys
+        else:
+            qs = torch.zeros_like(args.q_positions)
+            ks = torch.zeros_like(args.k_positions)
+        if args.key_padding_mask is not None:
+            ks = torch.where(args.key_padding_mask, ks, torch.full_like(ks, -1))
+        return qs.to(torch.int32).contiguous(), ks.to(torch.int32).contiguous()
+
     def common(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs, target: Target) -> dict:
         """Arguments every TAPA kernel takes (q, k, v and their strides, positions, tags, options), less those its
         heuristics derive (tag pointers are never read without tags: has_tags = 0, row-sum pointers never without
         the linear phase)."""
         if args.linear:
-            sums = dict(QSUM=self.q_psum, KSUM=self.k_psum,
-                        **dict(zip(("stride_sqb", "stride_sqh"), self.q_psum.stride())),
-                        **dict(zip(("stride_skb", "stride_skh"), self.k_psum.stride())))
+            (sqb, sqh), (skb, skh) = strides(self.q_psum, 2), strides(self.k_psum, 2)
+            sums = dict(QSUM=self.q_psum, KSUM=self.k_psum, stride_sqb=sqb, stride_sqh=sqh, stride_skb=skb,
+                        stride_skh=skh)
         else:  # never read without the linear phase
             sums = dict(QSUM=self.q_pos, KSUM=self.k_pos, stride_sqb=0, stride_sqh=0, stride_skb=0, stride_skh=0)
+        (qb, qh, qm), (kb, kh, kn), (vb, vh, vn) = strides(q), strides(k), strides(v)
+        if self.q_tag is not None:
+            q_tag, k_tag = self.q_tag, self.k_tag
+        else:  # never read (has_tags = 0): one int32 view of any buffer, for the binary's int32 tag pointers
+            q_tag = k_tag = self.k_pos.view(torch.int32)
         return dict(Q=q, K=k, V=v, QPOS=self.q_pos, KPOS=self.k_pos,
-                    **dict(zip(("stride_qb", "stride_qh", "stride_qm"), strides(q))),
-                    **dict(zip(("stride_kb", "stride_kh", "stride_kn"), strides(k))),
-                    **dict(zip(("stride_vb", "stride_vh", "stride_vn"), strides(v))),
-                    QTAG=self.q_tag if self.q_tag is not None else self.q_pos.view(torch.int32),
-                    KTAG=self.k_tag if self.k_tag is not None else self.k_pos.view(torch.int32), **sums,
+                    stride_qb=qb, stride_qh=qh, stride_qm=qm, stride_kb=kb, stride_kh=kh, stride_kn=kn,
+                    stride_vb=vb, stride_vh=vh, stride_vn=vn, QTAG=q_tag, KTAG=k_tag, **sums,
                     causal=int(args.causal), window=self.window, has_tags=int(self.q_tag is not None),
                     alpha=args.alpha, log2_cp=self.log2_cp, DA=args.amp_dims, DP=args.phase_dims,
                     LINEAR=args.linear, FAST=target.fast_math)
@@ -789,9 +831,15 @@ def tapa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arg
         raise ValueError("tapa_attention_triton needs CUDA tensors (or TRITON_INTERPRET=1 for CPU tests); "
                          "use tapa_attention_reference on CPU")
     q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    if deterministic is None:
-        deterministic = torch.are_deterministic_algorithms_enabled()
-    return _TapaFunction.apply(q, k, v, args, bool(deterministic))
+    if torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad):
+        if deterministic is None:
+            deterministic = torch.are_deterministic_algorithms_enabled()
+        return _TapaFunction.apply(q, k, v, args, bool(deterministic))
+    # no gradient to build (generate runs under no_grad): the forward's plan and launches as _TapaFunction.forward
+    # runs them, without autograd.Function's bookkeeping (a decode call is host-bound)
+    specs, o, _ = plan_forward(q, k, v, args, Target.of(q))
+    launch_all(specs)
+    return o
 
 
 def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[LaunchSpec]:

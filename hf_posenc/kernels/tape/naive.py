@@ -130,16 +130,21 @@ def validate_tape_args(
 
 
 def tape_op(impl: Callable[..., tuple[torch.Tensor, torch.Tensor]]) -> Callable[..., tuple[torch.Tensor, torch.Tensor]]:
-    """Give a TAPE implementation ``impl(q, k, v, e, args)`` the public signature ``(q, k, v, e, *, scale=None,
-    causal=True, key_padding_mask=None)``: the options are validated once into a :class:`TapeArgs` by
-    :func:`validate_tape_args`. ``op.with_args(q, k, v, e, args)`` runs it on already validated options (the
-    dispatcher)."""
+    """Give a TAPE implementation ``impl(q, k, v, e, args, *, own...)`` the public signature ``(q, k, v, e, *,
+    scale=None, causal=True, key_padding_mask=None, own...)``: the options are validated once into a
+    :class:`TapeArgs` by :func:`validate_tape_args` and the implementation's own keywords (the Triton kernel's
+    ``deterministic``) are passed on. ``op.with_args(q, k, v, e, args, ...)`` runs it on already validated options
+    (the dispatcher)."""
+    own = list(inspect.signature(impl).parameters.values())[5:]
+    own_names = {p.name for p in own}
 
     @functools.wraps(impl)
     def op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, **options):
-        return impl(q, k, v, e, validate_tape_args(q, k, v, e, **options))
+        mine = {name: options.pop(name) for name in own_names if name in options}
+        return impl(q, k, v, e, validate_tape_args(q, k, v, e, **options), **mine)
 
     op.__signature__ = inspect.signature(validate_tape_args).replace(
+        parameters=list(inspect.signature(validate_tape_args).parameters.values()) + own,
         return_annotation="tuple[torch.Tensor, torch.Tensor]")
     op.with_args = impl
     return op

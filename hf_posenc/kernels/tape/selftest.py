@@ -15,7 +15,7 @@ from ..timing import MODES, apply_rope, causal_flops, peak_memory, rope_tables, 
 
 KERNELS = {"tape": lambda: (tape.tape_attention_triton, tape.tape_attention_reference)}
 TIMING = ("fwd", "fwd_bwd")
-LABELS = {"rope": timing.ROPE, "fused": "TAPE (Triton)"}
+LABELS = {"rope": timing.ROPE, "fused": "TAPE (Triton)", "deterministic": "TAPE (Triton, deterministic backward)"}
 
 
 def cases(s, dtype: str, device) -> list[CheckCase]:
@@ -29,7 +29,8 @@ def cases(s, dtype: str, device) -> list[CheckCase]:
         CheckCase("tape", "chunked-prefill", e_dim=d0, **chunk0),
         CheckCase("tape", "decode", e_dim=d0, q_len=1, **decode0),
         CheckCase("tape", "decode-padded", e_dim=d0, q_len=4, masking="padding", **decode0),
-    ]
+    ] + [CheckCase("tape", f"deterministic-backward-d{d}", head_dim=d, e_dim=d, options=(("deterministic", True),),
+                   **prefill) for d in s.head_dims]  # the two-kernel backward (fused, atomic dq: the default)
 
 
 def time_unit(mode: str, length: int, batch: int, plan, dtype, device) -> dict:
@@ -42,7 +43,8 @@ def time_unit(mode: str, length: int, batch: int, plan, dtype, device) -> dict:
 
 # Timing (paper eq. 6–7): fused kernel vs SDPA fold vs eager reference vs RoPE + SDPA flash
 
-TAPE_CANDIDATES = ("rope", "fused", "sdpa_fold", "reference")
+TAPE_CANDIDATES = ("rope", "fused", "deterministic", "sdpa_fold", "reference")
+BACKWARD_ONLY = ("deterministic",)  # candidates that differ from "fused" only in the backward
 TAPE_TARGET_RATIO = 1.3  # fused TAPE within 1.3× of RoPE attention
 
 
@@ -109,21 +111,22 @@ def build_tape_cases(shape: TapeBenchShape, length: int, device: torch.device, d
         if backward:
             torch.autograd.backward([o], [go])
 
-    def run_tape(name: str) -> Callable[[], None]:
+    def run_tape(name: str, **options) -> Callable[[], None]:
         def run():
             fn = getattr(tape, name)  # looked up per call, so a patched kernel is the one timed
             qq, kk = (tape_rotate(q, e), tape_rotate(k, e)) if layer else (q, k)
-            o, eo = fn(qq, kk, v, e, causal=True)
+            o, eo = fn(qq, kk, v, e, causal=True, **options)
             if backward:
                 torch.autograd.backward([o, eo], [go, ge])
         return run
 
-    every = {"rope": rope, "fused": run_tape("tape_attention_triton"), "sdpa_fold": run_tape("tape_attention_sdpa"),
-             "reference": run_tape("tape_attention_reference")}
+    every = {"rope": rope, "fused": run_tape("tape_attention_triton"),
+             "deterministic": run_tape("tape_attention_triton", deterministic=True),
+             "sdpa_fold": run_tape("tape_attention_sdpa"), "reference": run_tape("tape_attention_reference")}
     unknown = set(candidates) - set(every)
     if unknown:
         raise ValueError(f"unknown TAPE benchmark candidates {sorted(unknown)}; pick from {TAPE_CANDIDATES}")
-    cases = {n: every[n] for n in candidates}
+    cases = {n: every[n] for n in candidates if backward or n not in BACKWARD_ONLY}
     if length > shape.reference_max:
         cases.pop("reference", None)
     return cases

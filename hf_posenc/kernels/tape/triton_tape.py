@@ -36,6 +36,7 @@ dtype, LAZY) are declared on the kernels with `triton.heuristics`.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import partial
 
 import torch
@@ -46,6 +47,7 @@ from .._triton import (
     DECODE_MAX_LQ,
     INTERPRETER_TILE,
     LOG2E,
+    add_cols,
     ForwardLayout,
     LaunchSpec,
     Target,
@@ -215,10 +217,14 @@ def _tape_fwd_kernel(
 
 @triton.jit
 def _dkdv_block(dk, dv, de, k, v, e, keep, cols, start_m, q_base, do_base, deo_base, q_off, do_off, deo_off,
-                sql, sdol, sdeol, LSE, DELTA, d_ok, de_ok, Lq, rb, qk_scale,
+                sql, sdol, sdeol, LSE, DELTA, DQ, sdqm, offs_d, d_ok, de_ok, Lq, rb, qk_scale,
                 BLOCK_M: tl.constexpr, D_MASK: tl.constexpr, DE_MASK: tl.constexpr, MASKED: tl.constexpr,
-                DOT_PREC: tl.constexpr, FAST: tl.constexpr):
-    """dk, dv, de contributions of query block [start_m, start_m + BLOCK_M) to one key block ([N, M])."""
+                DOT_PREC: tl.constexpr, FAST: tl.constexpr, DK: tl.constexpr, DVE: tl.constexpr,
+                FUSE_DQ: tl.constexpr):
+    """Contributions of query block [start_m, start_m + BLOCK_M) to one key block ([N, M] tiles): with DK to dk
+    and, with FUSE_DQ, the block's dq, added atomically to the fp32 rows at DQ (scale not applied) from the same
+    dS tile as dqᵀ = kᵀ·dSᵀ (the head dim is the product's M: Hopper's warpgroup MMA needs 64 or more); with DVE
+    to dv and de (P alone, no dP)."""
     rows = start_m + tl.arange(0, BLOCK_M)
     row_ok = rows < Lq
     m64 = tl.cast(start_m, tl.int64)
@@ -226,31 +232,41 @@ def _dkdv_block(dk, dv, de, k, v, e, keep, cols, start_m, q_base, do_base, deo_b
     do = load_tile(do_base + m64 * sdol + do_off, row_ok, d_ok, MASKED, D_MASK)
     deo = load_tile(deo_base + m64 * sdeol + deo_off, row_ok, de_ok, MASKED, DE_MASK)
     lse = load_vector(LSE + rows, row_ok, float("inf"), MASKED)
-    delta = load_vector(DELTA + rows, row_ok, 0.0, MASKED)
     s_t = tl.dot(k, tl.trans(q), input_precision=DOT_PREC)  # [BLOCK_N, BLOCK_M]
     if MASKED:
         s_t = tl.where(visible(rows[None, :], cols[:, None], keep[:, None], rb, -Lq - rb - 1), s_t, float("-inf"))
     p_t = exp2(s_t * qk_scale - lse[None, :], FAST)
-    p_lo = p_t.to(do.dtype)
-    dv += tl.dot(p_lo, do, input_precision=DOT_PREC)
-    de += tl.dot(p_lo, deo, input_precision=DOT_PREC)
-    dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC) + tl.dot(e, tl.trans(deo), input_precision=DOT_PREC)
-    ds_t = p_t * (dp_t - delta[None, :])
-    dk += tl.dot(ds_t.to(q.dtype), q, input_precision=DOT_PREC)
+    if DVE:
+        p_lo = p_t.to(do.dtype)
+        dv += tl.dot(p_lo, do, input_precision=DOT_PREC)
+        de += tl.dot(p_lo, deo, input_precision=DOT_PREC)
+    if DK:
+        delta = load_vector(DELTA + rows, row_ok, 0.0, MASKED)
+        dp_t = tl.dot(v, tl.trans(do), input_precision=DOT_PREC) + tl.dot(e, tl.trans(deo), input_precision=DOT_PREC)
+        ds_t = (p_t * (dp_t - delta[None, :])).to(q.dtype)
+        dk += tl.dot(ds_t, q, input_precision=DOT_PREC)
+        if FUSE_DQ:
+            add_cols(DQ + rows.to(tl.int64)[None, :] * sdqm + offs_d[:, None],
+                     tl.dot(tl.trans(k), ds_t, input_precision=DOT_PREC), row_ok, d_ok, MASKED, D_MASK)
     return dk, dv, de
 
 
 @triton.heuristics(_WIDTHS)
 @_jit
 def _tape_bwd_dkdv_kernel(
-    Q, K, V, E, DO, DEO, LSE, DELTA, KPM, DK, DV, DE_,
+    Q, K, V, E, DO, DEO, LSE, DELTA, KPM, DK_, DV, DE_, DQ,
     sqb, sqh, sql, skb, skh, skl, svb, svh, svl, seb, seh, sel,
-    sdob, sdoh, sdol, sdeob, sdeoh, sdeol, skpm,
+    sdob, sdoh, sdol, sdeob, sdeoh, sdeol, sdqb, sdqh, sdqm, skpm,
     Hq, Hkv, Lq, Lk, D, DE, GROUP, causal, has_kpm, qk_scale, scale,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DE: tl.constexpr,
-    D_MASK: tl.constexpr, DE_MASK: tl.constexpr, DOT_PREC: tl.constexpr, FAST: tl.constexpr,
+    D_MASK: tl.constexpr, DE_MASK: tl.constexpr, DOT_PREC: tl.constexpr, FAST: tl.constexpr, DK: tl.constexpr,
+    DVE: tl.constexpr, FUSE_DQ: tl.constexpr,
 ):
-    """dk, dv, de of one key block of one KV head, summed over the group's query heads and all query blocks.
+    """The key-side gradients of one key block of one KV head, summed over the group's query heads and all query
+    blocks: dk (DK) and dv, de (DVE). The two-kernel backward computes all three here (DK and DVE) and dq in
+    `_tape_bwd_dq_kernel`; the fused backward launches this kernel twice, once for dv, de (DVE: P only) and once
+    for dk with dq (DK, FUSE_DQ: atomic fp32 adds into DQ, which the host scales and casts), so each program holds
+    at most two wide accumulators and dP is computed once: 8 matrix products per score element, against 10.
 
     dK/dV/dE are written contiguous [B, Hkv, Lk, ·]."""
     # fp32 scalars whatever the caller typed them (torch.compile's Inductor passes Python floats as fp64)
@@ -288,8 +304,9 @@ def _tape_bwd_dkdv_kernel(
         row0 = (b64 * Hq + h64) * Lq
         dk, dv, de = _dkdv_block(dk, dv, de, k, v, e, keep, cols, u_lo + j * BLOCK_M, Q + b64 * sqb + h64 * sqh,
                                  DO + b64 * sdob + h64 * sdoh, DEO + b64 * sdeob + h64 * sdeoh, q_off, do_off,
-                                 deo_off, sql, sdol, sdeol, LSE + row0, DELTA + row0, d_ok, de_ok, Lq, rb,
-                                 qk_scale, BLOCK_M, D_MASK, DE_MASK, False, DOT_PREC, FAST)
+                                 deo_off, sql, sdol, sdeol, LSE + row0, DELTA + row0,
+                                 DQ + b64 * sdqb + h64 * sdqh, sdqm, offs_d, d_ok, de_ok, Lq, rb, qk_scale,
+                                 BLOCK_M, D_MASK, DE_MASK, False, DOT_PREC, FAST, DK, DVE, FUSE_DQ)
         h64, j = next_pair(h64, j, n_full)
     h64 = kv64 * GROUP
     j = start_n * 0
@@ -298,16 +315,20 @@ def _tape_bwd_dkdv_kernel(
         row0 = (b64 * Hq + h64) * Lq
         dk, dv, de = _dkdv_block(dk, dv, de, k, v, e, keep, cols, start_m, Q + b64 * sqb + h64 * sqh,
                                  DO + b64 * sdob + h64 * sdoh, DEO + b64 * sdeob + h64 * sdeoh, q_off, do_off,
-                                 deo_off, sql, sdol, sdeol, LSE + row0, DELTA + row0, d_ok, de_ok, Lq, rb,
-                                 qk_scale, BLOCK_M, D_MASK, DE_MASK, True, DOT_PREC, FAST)
+                                 deo_off, sql, sdol, sdeol, LSE + row0, DELTA + row0,
+                                 DQ + b64 * sdqb + h64 * sdqh, sdqm, offs_d, d_ok, de_ok, Lq, rb, qk_scale,
+                                 BLOCK_M, D_MASK, DE_MASK, True, DOT_PREC, FAST, DK, DVE, FUSE_DQ)
         h64, j = next_pair(h64, j, n_masked)
 
     out_rows = (b64 * Hkv + kv64) * Lk + c64
-    store_rows((DK + out_rows * D)[:, None] + offs_d[None, :], (dk * scale).to(DK.dtype.element_ty), col_ok, d_ok,
-               D_MASK)
-    store_rows((DV + out_rows * D)[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), col_ok, d_ok, D_MASK)
-    store_rows((DE_ + out_rows * DE)[:, None] + offs_de[None, :], de.to(DE_.dtype.element_ty), col_ok, de_ok,
-               DE_MASK)
+    if DK:
+        store_rows((DK_ + out_rows * D)[:, None] + offs_d[None, :], (dk * scale).to(DK_.dtype.element_ty), col_ok,
+                   d_ok, D_MASK)
+    if DVE:
+        store_rows((DV + out_rows * D)[:, None] + offs_d[None, :], dv.to(DV.dtype.element_ty), col_ok, d_ok,
+                   D_MASK)
+        store_rows((DE_ + out_rows * DE)[:, None] + offs_de[None, :], de.to(DE_.dtype.element_ty), col_ok, de_ok,
+                   DE_MASK)
 
 
 @triton.jit
@@ -396,11 +417,18 @@ def _tape_bwd_dq_kernel(
 
 # GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and padded width of [V | E], chosen
 # offline by benchmarks/tune_tiles.py (no spills at D <= 128, shared memory within the limit, fewest issued
-# instructions per score element). Decode tiles: decode.py.
+# instructions per score element). Decode tiles: decode.py. "dvde" + "dkdq" are the fused backward's two key-side
+# launches (dq added atomically from the dk tiles), the default where listed: chosen by the pipe model's lower
+# bound (`tune_tiles.py --rank bound`, ties by instructions) with key blocks of 64+ so every product runs on
+# Hopper's warpgroup MMA; sm_90 at D = 128: 0.25 + 0.3125 SM clocks per score element against the two-kernel
+# backward's 0.75 + 0.25, at D = 64: 0.094 + 0.156 against 0.375 + 0.125 (static figures, not yet timed on a GPU).
+# The two-kernel backward ("dkdv" + "dq") runs elsewhere and whenever a deterministic backward is asked for.
 _TILES = {
     "sm90": {
-        128: dict(fwd=(128, 64, 8, 2), dkdv=(32, 32, 4, 2), dq=(128, 64, 8, 1)),
-        256: dict(fwd=(128, 64, 8, 2), dkdv=(64, 32, 8, 1), dq=(128, 64, 8, 1)),
+        128: dict(fwd=(128, 64, 8, 2), dvde=(64, 128, 8, 2), dkdq=(64, 128, 8, 2), dkdv=(32, 32, 4, 2),
+                  dq=(128, 64, 8, 1)),
+        256: dict(fwd=(128, 64, 8, 2), dvde=(64, 64, 8, 2), dkdq=(64, 128, 8, 2), dkdv=(64, 32, 8, 1),
+                  dq=(128, 64, 8, 1)),
         512: dict(fwd=(64, 64, 8, 2), dkdv=(32, 32, 8, 1), dq=(32, 32, 4, 1)),
     },
     "sm80": {
@@ -417,12 +445,13 @@ _TILES = {
 
 
 def tiles(target: Target, block_d: int, block_de: int, itemsize: int = 2) -> dict[str, Tile]:
-    """Tile / warp / stage choice per kernel ("fwd", "dkdv", "dq"; decode: `decode.tile`) for a target and the
+    """Tile / warp / stage choice per kernel ("fwd", the fused backward's "dvde" + "dkdq" where listed, the two-kernel
+    backward's "dkdv" + "dq"; decode: `decode.tile`) for a target and the
     padded widths of V and E (their sum sets the accumulator width). Interpreter: 16-wide tiles so small tests
     cross several blocks. GPUs: the sm_90 table for Hopper and newer, the sm_80 table otherwise, the fp32 table
     for fp32 inputs (`itemsize` 4, `table_row`)."""
     if target.interpreter:
-        return dict.fromkeys(("fwd", "dkdv", "dq"), INTERPRETER_TILE)
+        return dict.fromkeys(("fwd", "dvde", "dkdq", "dkdv", "dq"), INTERPRETER_TILE)
     return {k: Tile(*v) for k, v in table_row(_TILES, target, block_d + block_de, itemsize).items()}
 
 
@@ -469,14 +498,41 @@ def plan_forward(q, k, v, e, args: TapeArgs, target: Target
     return [forward("tape_fwd", ForwardLayout.prefill(Hq, Lq, args.k_len, tile), tile, o, eo, lse)], o, eo, lse
 
 
-def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, target: Target
-                  ) -> tuple[list[LaunchSpec], torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch plan of the exact backward: (specs, dq, dk, dv, de). do, deo, o, eo, lse must be contiguous."""
+@dataclass
+class BackwardPlan:
+    """Launches of one backward and the gradients they write. Fused (the default where the tile table has "dkdq" and
+    "dvde" tiles): one key-side kernel gives dv, de, the other dk and adds each tile's dq into an fp32 accumulator
+    (atomically, so the summation order varies from run to run); `finish` scales and casts it. Two-kernel: dk, dv,
+    de in one kernel and a separate dq kernel that recomputes the scores and dP (bitwise reproducible)."""
+
+    specs: list[LaunchSpec]
+    dq: torch.Tensor
+    dk: torch.Tensor
+    dv: torch.Tensor
+    de: torch.Tensor
+    dq_scale: float | None = None  # the softmax scale, when dq is the fp32 accumulator
+    dq_dtype: torch.dtype | None = None
+
+    def finish(self) -> torch.Tensor:
+        """dq in q's dtype: scale·acc for the fused backward (the accumulator this backward owns, scaled in place)."""
+        if self.dq_scale is None:
+            return self.dq
+        return self.dq.mul_(self.dq_scale).to(self.dq_dtype)
+
+
+def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, target: Target, deterministic: bool = False
+                  ) -> BackwardPlan:
+    """Launch plan of the exact backward: fused where the target's tile table has a fused tile and `deterministic`
+    is False, the two-kernel backward otherwise. do, deo, o, eo, lse must be contiguous."""
     B, Hq, Hkv, Lq, Lk, D, De = (args.batch, args.q_heads, args.kv_heads, args.q_len, args.k_len,
                                  args.head_dim, args.e_dim)
     cfg = tiles(target, pow2(D), pow2(De), q.element_size())
+    deterministic = deterministic or "dkdq" not in cfg
     delta = torch.empty(B, Hq, Lq, device=q.device, dtype=torch.float32)
-    dq = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
+    if deterministic:
+        dq = torch.empty(B, Hq, Lq, D, device=q.device, dtype=q.dtype)
+    else:
+        dq = torch.zeros(B, Hq, Lq, D, device=q.device, dtype=torch.float32)
     dk = torch.empty(B, Hkv, Lk, D, device=q.device, dtype=k.dtype)
     dv = torch.empty(B, Hkv, Lk, D, device=q.device, dtype=v.dtype)
     de = torch.empty(B, Hkv, Lk, De, device=q.device, dtype=e.dtype)
@@ -484,25 +540,33 @@ def plan_backward(do, deo, q, k, v, e, o, eo, lse, args: TapeArgs, target: Targe
                   **dict(zip(("sdob", "sdoh", "sdol"), strides(do))),
                   **dict(zip(("sdeob", "sdeoh", "sdeol"), strides(deo))),
                   Hq=Hq, Lq=Lq, Lk=Lk, GROUP=args.group, scale=args.scale)
-    t = cfg["dkdv"]
-    dkdv = LaunchSpec("tape_bwd_dkdv", _tape_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * Hkv),
-                      dict(common, DK=dk, DV=dv, DE_=de, Hkv=Hkv, BLOCK_M=t.block_m, BLOCK_N=t.block_n),
-                      num_warps=t.num_warps, num_stages=t.num_stages)
+    def key_side(name: str, dk_: bool, dve: bool) -> LaunchSpec:
+        t = cfg[name.removeprefix("tape_bwd_")]
+        return LaunchSpec(name, _tape_bwd_dkdv_kernel, (triton.cdiv(Lk, t.block_n), B * Hkv),
+                          dict(common, DK_=dk, DV=dv, DE_=de, DQ=dq, Hkv=Hkv, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+                               DK=dk_, DVE=dve, FUSE_DQ=not deterministic,
+                               **dict(zip(("sdqb", "sdqh", "sdqm"), strides(dq)))),
+                          num_warps=t.num_warps, num_stages=t.num_stages)
+
+    specs = [plan_row_dot(o, do, delta, target, eo, deo)]
+    if not deterministic:
+        specs += [key_side("tape_bwd_dvde", False, True), key_side("tape_bwd_dkdq", True, False)]
+        return BackwardPlan(specs, dq, dk, dv, de, args.scale, q.dtype)
     t = cfg["dq"]
-    dq_spec = LaunchSpec("tape_bwd_dq", _tape_bwd_dq_kernel, (triton.cdiv(Lq, t.block_m), B * Hq),
+    specs += [key_side("tape_bwd_dkdv", True, True),
+              LaunchSpec("tape_bwd_dq", _tape_bwd_dq_kernel, (triton.cdiv(Lq, t.block_m), B * Hq),
                          dict(common, DQ=dq, BLOCK_M=t.block_m, BLOCK_N=t.block_n),
-                         num_warps=t.num_warps, num_stages=t.num_stages)
-    return [plan_row_dot(o, do, delta, target, eo, deo), dkdv, dq_spec], dq, dk, dv, de
+                         num_warps=t.num_warps, num_stages=t.num_stages)]
+    return BackwardPlan(specs, dq, dk, dv, de)
 
 
 class _TapeAttention(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, e, args: TapeArgs):
-        q, k, v, e = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, e))
+    def forward(ctx, q, k, v, e, args: TapeArgs, deterministic: bool):
         specs, o, eo, lse = plan_forward(q, k, v, e, args, Target.of(q))
         launch_all(specs)
         ctx.save_for_backward(q, k, v, e, o, eo, lse)
-        ctx.args = args
+        ctx.args, ctx.deterministic = args, deterministic
         return o, eo
 
     @staticmethod
@@ -510,20 +574,25 @@ class _TapeAttention(torch.autograd.Function):
     def backward(ctx, do, deo):
         """Exact gradients (dq, dk, dv, de) of O = P·V and Ẽ = P·E with P = softmax(scale·q kᵀ + masks)."""
         q, k, v, e, o, eo, lse = ctx.saved_tensors
-        specs, dq, dk, dv, de = plan_backward(do.contiguous(), deo.contiguous(), q, k, v, e, o.contiguous(),
-                                              eo.contiguous(), lse.contiguous(), ctx.args, Target.of(q))
-        launch_all(specs)
-        return dq, dk, dv, de, None
+        plan = plan_backward(do.contiguous(), deo.contiguous(), q, k, v, e, o.contiguous(), eo.contiguous(),
+                             lse.contiguous(), ctx.args, Target.of(q), ctx.deterministic)
+        launch_all(plan.specs)
+        return plan.finish(), plan.dk, plan.dv, plan.de, None, None
 
 
 @tape_op
-def tape_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, args: TapeArgs
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+def tape_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: torch.Tensor, args: TapeArgs, *,
+                          deterministic: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Fused TAPE attention (eq. 6–7): O = P·V and Ẽ = P·E from one online softmax, exact backward.
 
     Needs CUDA tensors or TRITON_INTERPRET=1 (CPU tensors) and fp16/bf16/fp32 inputs. bf16/fp16 run on the
     tensor cores; fp32 inputs use exact fp32 ("ieee") dots on the FMA units, which is much slower on GPUs.
-    Options: :func:`~hf_posenc.kernels.tape.naive.validate_tape_args`."""
+    Options: :func:`~hf_posenc.kernels.tape.naive.validate_tape_args`.
+
+    `deterministic` (default: `torch.are_deterministic_algorithms_enabled()`): where the tile table has a fused
+    backward (see `tiles`) the dK/dV/dE kernel also gives dq, added atomically in fp32, so gradients vary from run
+    to run within fp32 rounding, as FlashAttention-2's do; True always runs the two-kernel backward (a separate dq
+    kernel recomputes the scores), which is bitwise reproducible."""
     if q.dtype == torch.float64:
         raise TypeError("tape_attention_triton: float64 is not supported; use tape_attention_reference or cast to fp32")
     if q.device.type != "cuda" and not interpreting():
@@ -531,7 +600,16 @@ def tape_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: 
             "tape_attention_triton: inputs must be CUDA tensors (or set TRITON_INTERPRET=1 before importing "
             "the kernel to run it on CPU)"
         )
-    return _TapeAttention.apply(q, k, v, e, args)
+    q, k, v, e = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, e))  # plans need a unit last stride
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v, e)):
+        if deterministic is None:
+            deterministic = torch.are_deterministic_algorithms_enabled()
+        return _TapeAttention.apply(q, k, v, e, args, bool(deterministic))
+    # no gradient to build (generate runs under no_grad): the forward as _TapeAttention.forward runs it, without
+    # autograd.Function's bookkeeping (a decode call is host-bound)
+    specs, o, eo, _ = plan_forward(q, k, v, e, args, Target.of(q))
+    launch_all(specs)
+    return o, eo
 
 
 def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[LaunchSpec]:
@@ -553,8 +631,9 @@ def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[Launch
                 fwd, o, eo, lse = plan_forward(q, k, v, e, args, target)
                 specs += fwd
                 if not use_decode_path(lq):
-                    specs += plan_backward(torch.empty_like(o), torch.empty_like(eo), q, k, v, e, o, eo, lse,
-                                           args, target)[0]
+                    for deterministic in (False, True):
+                        specs += plan_backward(torch.empty_like(o), torch.empty_like(eo), q, k, v, e, o, eo, lse,
+                                               args, target, deterministic).specs
     return specs
 
 

@@ -23,10 +23,10 @@ def _positions(position_ids: torch.Tensor | None, key_padding: torch.Tensor | No
     q_pos = position_ids.expand(batch, q_len).to(device)
     if q_len == kv_len:
         return q_pos, q_pos
-    real = key_padding if key_padding is not None else torch.ones(batch, kv_len, dtype=torch.bool, device=device)
-    after = real.flip(-1).long().cumsum(-1).flip(-1) - real.long()  # real keys strictly after each key
-    k_pos = q_pos[:, -1:] - after
-    return q_pos, k_pos
+    if key_padding is None:  # every key real: key j is kv_len − 1 − j positions before the last query (2 ops)
+        return q_pos, q_pos[:, -1:] + torch.arange(1 - kv_len, 1, device=device)
+    after = key_padding.flip(-1).long().cumsum(-1).flip(-1) - key_padding.long()  # real keys strictly after each
+    return q_pos, q_pos[:, -1:] - after
 
 
 def tapa_attention_forward(
