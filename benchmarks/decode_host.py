@@ -24,8 +24,13 @@ through Triton's launcher; neither is timed here, so the GPU host time per call 
 
 Writes benchmarks/results/decode_host-<cpu>.json, keeping the other label's runs, so one file holds the figures
 before and after a change side by side (``--label before`` on the old code, ``--label after`` on the new).
+On a GPU, ``--device cuda`` times the same calls with real launches (host time = the time a call takes to return
+with the device idle before it), beside RoPE + SDPA, and writes benchmarks/results/decode_host-<gpu>.json (or
+--json): the measurement the CPU proxy stands in for.
+
 Usage: python benchmarks/decode_host.py [--label after] [--kernels jit] [--target sm90] [--lengths 1024 16384]
        [--calls 400] [--smoke] [--profile]
+       python benchmarks/decode_host.py --device cuda [--json out.json]   # on a GPU
 """
 
 from __future__ import annotations
@@ -64,7 +69,9 @@ from hf_posenc.kernels import _triton  # noqa: E402
 from hf_posenc.kernels.tapa import tapa_attention_triton  # noqa: E402
 from hf_posenc.kernels.tape import tape_attention_triton  # noqa: E402
 
-os.environ["TRITON_INTERPRET"] = "1"  # read at call time by the ops' device checks (no kernel runs: planned_only)
+CUDA = "--device" in sys.argv and sys.argv[sys.argv.index("--device") + 1:][:1] == ["cuda"]
+if not CUDA:  # read at call time by the ops' device checks (no kernel runs: planned_only)
+    os.environ["TRITON_INTERPRET"] = "1"
 
 FULL = dict(B=8, H=32, Hkv=8, D=128, lengths=(1024, 16384), calls=400, warmup=40)
 SMOKE = dict(B=1, H=4, Hkv=2, D=32, lengths=(64,), calls=5, warmup=1)
@@ -112,29 +119,87 @@ def planned_only(target: _triton.Target, launches: list[str]):
         _triton.Target.of = real_of
 
 
-def scheme_positions(B: int, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The int64 positions the TAPA scheme (`schemes/tapa/attention._positions`) hands the op at a decode step
-    without padding: position ids [1, 1] expanded to [B, 1], keys counted back from the query."""
-    position_ids = torch.tensor([[L - 1]])
-    q_pos = position_ids.expand(B, 1)
-    real = torch.ones(B, L, dtype=torch.bool)
-    after = real.flip(-1).long().cumsum(-1).flip(-1) - real.long()
-    return q_pos, q_pos[:, -1:] - after
+def cases(B: int, H: int, Hkv: int, D: int, L: int, dtype: torch.dtype, device: torch.device) -> dict:
+    """The calls timed: TAPA with default positions, TAPA with the positions its scheme builds at a decode step
+    without padding (`schemes/tapa/attention._positions`; built before the call, and built in it as the scheme
+    does in every layer), TAPE; on CUDA also the baseline, RoPE on the new query + SDPA over a cache of rotated
+    keys (as the selftest's decode row)."""
+    from hf_posenc.kernels.timing import apply_rope, rope_tables, sdpa_flash
+    from hf_posenc.schemes.tapa.attention import _positions
 
+    # CPU: torch.empty, the pages of a large cache are never touched (no kernel runs), so L = 16k costs no memory
+    make = torch.randn if device.type == "cuda" else torch.empty
+    q = make(B, H, 1, D, dtype=dtype, device=device)
+    k, v, e = (make(B, Hkv, L, D, dtype=dtype, device=device) for _ in range(3))
+    position_ids = torch.tensor([[L - 1]], device=device)
 
-def cases(B: int, H: int, Hkv: int, D: int, L: int, dtype: torch.dtype) -> dict:
-    # torch.empty: the pages of a large cache are never touched (no kernel runs), so L = 16k costs no memory
-    q = torch.empty(B, H, 1, D, dtype=dtype)
-    k, v, e = (torch.empty(B, Hkv, L, D, dtype=dtype) for _ in range(3))
-    q_pos, k_pos = scheme_positions(B, L)
-    return {
+    def tapa(q_pos, k_pos):
+        return tapa_attention_triton(q, k, v, alpha=0.1, theta=0.5, phase="quadratic", causal=True,
+                                     q_positions=q_pos, k_positions=k_pos, key_padding_mask=None,
+                                     q_segment_ids=None, k_segment_ids=None)
+
+    positions = _positions(position_ids, None, B, 1, L, device)
+    out = {
         "tapa_default_positions": lambda: tapa_attention_triton(q, k, v),
-        "tapa_scheme_positions": lambda: tapa_attention_triton(q, k, v, alpha=0.1, theta=0.5, phase="quadratic",
-                                                               causal=True, q_positions=q_pos, k_positions=k_pos,
-                                                               key_padding_mask=None, q_segment_ids=None,
-                                                               k_segment_ids=None),
+        "tapa_scheme_positions": lambda: tapa(*positions),  # the scheme's positions, built before the call
+        "tapa_scheme_step": lambda: tapa(*_positions(position_ids, None, B, 1, L, device)),  # ... built in it
         "tape": lambda: tape_attention_triton(q, k, v, e, scale=None, causal=True, key_padding_mask=None),
     }
+    if device.type == "cuda":
+        cos, sin = rope_tables(L, D, device, dtype)
+        cos1, sin1 = cos[-1:], sin[-1:]
+        out["rope_sdpa"] = lambda: sdpa_flash(apply_rope(q, cos1, sin1), k, v, causal=False)
+    return out
+
+
+@contextmanager
+def counted(launches: list[str]):
+    """Every `LaunchSpec.launch` records its name and runs (real launches on the GPU)."""
+    real_launch = _triton.LaunchSpec.launch
+
+    def record(self):
+        launches.append(self.name)
+        real_launch(self)
+
+    _triton.LaunchSpec.launch = record
+    try:
+        yield
+    finally:
+        _triton.LaunchSpec.launch = real_launch
+
+
+def measure_cuda(fn, calls: int, warmup: int) -> dict:
+    """On a GPU, real launches: `host_us` is the time one call takes to return with the device idle before it (its
+    kernels only queued: host time, launches included), `call_us` the time to its end on the device (synchronised)."""
+    launches: list[str] = []
+    with torch.no_grad(), counted(launches):
+        for _ in range(warmup):
+            fn()
+        torch.cuda.synchronize()
+        launches.clear()
+        counter = AtenCounter()
+        with counter:
+            fn()
+        per_call = list(launches)
+        host, call = [], []
+        for _ in range(calls):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter_ns()
+            fn()
+            t1 = time.perf_counter_ns()
+            torch.cuda.synchronize()
+            host.append(t1 - t0)
+            call.append(time.perf_counter_ns() - t0)
+    return {
+        "host_us": statistics.median(host) / 1e3,
+        "host_us_p10": sorted(host)[len(host) // 10] / 1e3,
+        "call_us": statistics.median(call) / 1e3,
+        "aten_ops": sum(counter.ops.values()),
+        "aten_ops_by_kind": dict(sorted(counter.kinds.items())),
+        "aten_ops_by_name": dict(sorted(counter.ops.items())),
+        "triton_launches": len(per_call),
+        "launch_names": per_call,
+    }, None
 
 
 def measure(fn, calls: int, warmup: int, target: _triton.Target, profile: bool) -> dict:
@@ -184,7 +249,13 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: the ops are tiny)")
     parser.add_argument("--kernels", choices=("jit", "interpreter"), default="jit",
                         help="kernel objects as a GPU process holds them (jit) or as the CPU tests do (interpreter)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu",
+                        help="cpu: the proxy (launches replaced by a no-op); cuda: real launches on the GPU, host "
+                             "time measured as the time a call takes to return, beside RoPE + SDPA's")
+    parser.add_argument("--json", default=None, help="with --device cuda: where to write (default: results/)")
     args = parser.parse_args()
+    if args.device == "cuda":
+        return main_cuda(args)
     torch.set_num_threads(args.threads)
     cfg = dict(SMOKE if args.smoke else FULL)
     if args.lengths:
@@ -195,7 +266,7 @@ def main() -> None:
     dtype = getattr(torch, args.dtype)
     runs = []
     for L in cfg["lengths"]:
-        for name, fn in cases(cfg["B"], cfg["H"], cfg["Hkv"], cfg["D"], L, dtype).items():
+        for name, fn in cases(cfg["B"], cfg["H"], cfg["Hkv"], cfg["D"], L, dtype, torch.device("cpu")).items():
             row, stats = measure(fn, cfg["calls"], cfg["warmup"], target, args.profile)
             runs.append({"case": name, "L": L, **row})
             kinds = row["aten_ops_by_kind"]
@@ -228,6 +299,39 @@ def main() -> None:
             payload[f"side_by_side{suffix.replace('-', '_')}"] = side_by_side(labels[f"before{suffix}"]["runs"],
                                                                              labels[f"after{suffix}"]["runs"])
     RESULTS.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
+
+
+def main_cuda(args) -> None:
+    """The GPU run: real host time per eager call at 1k-16k cached tokens (the target: at most 0.15 ms per call for
+    TAPA), against RoPE + SDPA in the same run."""
+    device = torch.device("cuda")
+    cfg = dict(SMOKE if args.smoke else FULL)
+    cfg["lengths"] = tuple(args.lengths) if args.lengths else (1024, 4096, 16384)
+    if args.calls:
+        cfg["calls"] = args.calls
+    dtype = getattr(torch, args.dtype)
+    runs = []
+    for L in cfg["lengths"]:
+        for name, fn in cases(cfg["B"], cfg["H"], cfg["Hkv"], cfg["D"], L, dtype, device).items():
+            row, _ = measure_cuda(fn, cfg["calls"], cfg["warmup"])
+            runs.append({"case": name, "L": L, **row})
+            print(f"{name:<24} L={L:<6} host {row['host_us']:8.1f} us  call {row['call_us']:8.1f} us  "
+                  f"aten ops {row['aten_ops']:3d} {row['aten_ops_by_kind']}  triton launches {row['triton_launches']}")
+        del fn
+        torch.cuda.empty_cache()
+    name = device_name(device)
+    payload = {"device": name, "torch": torch.__version__, "triton": triton.__version__, "git": git_head(),
+               "what": "one eager decode call on the GPU, real launches: host_us = time for the call to return with "
+                       "the device idle before it (host work and launches; kernels only queued), call_us = time to "
+                       "its end on the device; medians",
+               "config": {"B": cfg["B"], "Hq": cfg["H"], "Hkv": cfg["Hkv"], "D": cfg["D"], "Lq": 1,
+                          "dtype": args.dtype, "calls": cfg["calls"], "warmup": cfg["warmup"],
+                          "grad_mode": "no_grad"},
+               "target_host_us": 150.0, "runs": runs}
+    path = Path(args.json) if args.json else RESULTS / f"decode_host-{slug(name)}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
 

@@ -6,11 +6,14 @@
 #   3. the TAPE kernel tests on CUDA (pytest), beside steps 1-2
 #   4. scripts/gpu_model_check.py: patched models on CUDA (forward, dynamic/static KV caches, compiled
 #      static-cache generate, backward) (SKIP_MODEL_CHECK=1: no)
-#   5. hf-posenc selftest timing: TAPA and TAPE against RoPE + SDPA flash at 1k-16k tokens (SKIP_TIMING=1: no)
+#   5. hf-posenc selftest timing: TAPA and TAPE against RoPE + SDPA flash at 1k-16k tokens (TAPE's fused and
+#      deterministic backward both), and benchmarks/decode_host.py: the host time of one eager decode call
+#      (SKIP_TIMING=1: no)
 #   6. benchmarks/train_step.py and benchmarks/generate.py: the whole training step and generation of a ~1B
 #      Llama, unpatched against CoPE, TAPA and TAPE (SKIP_MODEL_BENCH=1: no)
-#   E. the experiments made for a GPU (EXPERIMENTS="tape_arithmetic tapa_scale", --size gpu), beside steps 1-3
-#      (training, not timing; EXPERIMENTS="" runs none)
+#   E. the experiments made for a GPU (none by default: their runs are committed; EXPERIMENTS="tape_arithmetic
+#      tapa_scale" reruns them at --size gpu), beside steps 1-3
+#      (training, not timing)
 # Steps 4-6 time or load the GPU alone, after 1-3 and E.
 # Usage: bash scripts/gpu_check.sh [OUTDIR]   (hf-posenc importable: installed, or run from the repo root)
 set -uo pipefail
@@ -38,7 +41,7 @@ step selftest-fp32 "${CHECKS_LIMIT:-300}" "$py" -m hf_posenc.selftest --no-timin
     --json "$out/selftest-fp32.json" &
 fp32=$!
 experiments=()
-for name in ${EXPERIMENTS-tape_arithmetic tapa_scale}; do
+for name in ${EXPERIMENTS:-}; do
     step "experiment-$name" "${EXPERIMENT_LIMIT:-330}" "$py" -m hf_posenc_cli experiment "$name" --size gpu \
         --out "$out/experiment-$name" --work "$out/work-$name" &
     experiments+=($!)
@@ -53,14 +56,16 @@ fi
 if [ "${SKIP_TIMING:-0}" != 1 ]; then
     step selftest-timing "${TIMING_LIMIT:-200}" "$py" -m hf_posenc.selftest --no-checks --no-progress \
         --json "$out/selftest-timing.json"
+    step decode-host "${DECODE_HOST_LIMIT:-90}" "$py" benchmarks/decode_host.py --device cuda \
+        --json "$out/decode-host.json"
 fi
 if [ "${SKIP_MODEL_BENCH:-0}" != 1 ]; then
     step train-step "${TRAIN_STEP_LIMIT:-150}" "$py" benchmarks/train_step.py ${TRAIN_STEP_ARGS:-} \
         --json "$out/train-step.json"
     step generate "${GENERATE_LIMIT:-200}" "$py" benchmarks/generate.py ${GENERATE_ARGS:-} --json "$out/generate.json"
 fi
-for f in selftest-checks selftest-fp32 model-check selftest-timing train-step generate \
-         $(for n in ${EXPERIMENTS-tape_arithmetic tapa_scale}; do echo "experiment-$n"; done); do
+for f in selftest-checks selftest-fp32 model-check selftest-timing decode-host train-step generate \
+         $(for n in ${EXPERIMENTS:-}; do echo "experiment-$n"; done); do
     [ -f "$out/$f.log" ] && { echo "== $f"; tail -25 "$out/$f.log"; }
 done
 tail -3 "$out/pytest.log"

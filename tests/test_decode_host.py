@@ -280,4 +280,4 @@ def test_benchmark_runs_its_smoke_size():
     run = subprocess.run([sys.executable, str(script), "--smoke", "--calls", "3"], capture_output=True, text=True,
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
-    assert "tapa_scheme_positions" in run.stdout and "triton launches" in run.stdout
+    assert "tapa_scheme_step" in run.stdout and "triton launches" in run.stdout
