@@ -590,9 +590,9 @@ def tape_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: 
     Options: :func:`~hf_posenc.kernels.tape.naive.validate_tape_args`.
 
     `deterministic` (default: `torch.are_deterministic_algorithms_enabled()`): where the tile table has a fused
-    backward (see `tiles`) the dK/dV/dE kernel also gives dq, added atomically in fp32, so gradients vary from run
-    to run within fp32 rounding, as FlashAttention-2's do; True always runs the two-kernel backward (a separate dq
-    kernel recomputes the scores), which is bitwise reproducible."""
+    backward (Hopper at head dims <= 128, see `tiles`) dq is added atomically in fp32 from the dk kernel's dS tiles,
+    so gradients vary from run to run within fp32 rounding, as FlashAttention-2's do; True always runs the
+    two-kernel backward (a separate dq kernel recomputes the scores), which is bitwise reproducible."""
     if q.dtype == torch.float64:
         raise TypeError("tape_attention_triton: float64 is not supported; use tape_attention_reference or cast to fp32")
     if q.device.type != "cuda" and not interpreting():
