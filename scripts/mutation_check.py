@@ -188,6 +188,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "W_att = 0 makes Ẽ unread in the forward pass, but W_att's gradient is Ẽ·grad: training must compute it",
     ),
     Mutation(
+        "tape-fused-path-copies-the-cache", "hf_posenc/schemes/tape/attention.py",
+        "o, e = fused(query, key, value[..., :d], value[..., d:], scale=scaling,",
+        "o, e = fused(query, key, value[..., :d].contiguous(), value[..., d:].contiguous(), scale=scaling,",
+        ("tests/test_tape.py::test_fused_kernel_reads_values_and_states_in_place",),
+        "the kernel reads V and E in place from the [V | E] cache rows; copying them costs decode a cache per layer",
+    ),
+    Mutation(
         "tape-kernel-dk-misses-the-softmax-scale", "hf_posenc/kernels/tape/triton_tape.py",
         "(dk * scale).to(DK_.dtype.element_ty)",
         "dk.to(DK_.dtype.element_ty)",

@@ -35,6 +35,28 @@ def perturb(model, seed=0, std=0.3):
     return model
 
 
+def test_fused_kernel_reads_values_and_states_in_place(monkeypatch):
+    """The cache holds [V | E] rows; the fused path hands the kernel V and E as views of them (one storage, unit last
+    stride), not copies: a copy of both halves of the cache per layer per token would cost decode more than the
+    kernel itself at long contexts."""
+    import hf_posenc.kernels.tape as kernels
+
+    seen = []
+    real = kernels.tape_attention
+
+    def spy(q, k, v, e, **options):
+        seen.append((v.untyped_storage().data_ptr() == e.untyped_storage().data_ptr(), v.stride(-1), e.stride(-1)))
+        return real(q, k, v, e, **options)
+
+    monkeypatch.setattr(kernels, "tape_attention", spy)
+    model = perturb(hf_posenc.patch_model(tiny_model("llama", "sdpa"), "tape", backend="triton"))
+    with torch.no_grad():
+        prefix = model(random_ids(1, 9), use_cache=True)
+        model(random_ids(1, 1, seed=4), past_key_values=prefix.past_key_values, use_cache=True)
+    assert len(seen) == 2 * model.config.num_hidden_layers  # prefill and one decode step, every layer
+    assert all(seen_one == (True, 1, 1) for seen_one in seen), seen
+
+
 @pytest.mark.upstream
 @pytest.mark.parametrize("arch, backend", arch_backend_pairs())
 def test_at_init_tape_is_bitwise_the_unpatched_model(arch, backend):

@@ -199,7 +199,8 @@ def tape_fused_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
         if bool(((steps != 1) & real[:, 1:] & real[:, :-1]).any()):
             raise ValueError("tape: the fused kernel does not mask packed sequences; use backend='auto' for them.")
     d = query.shape[-1]
-    o, e = fused(query, key, value[..., :d].contiguous(), value[..., d:].contiguous(), scale=scaling,
+    # V and E as views of the [V | E] rows (unit last stride: the kernel reads them in place, no copy of the cache)
+    o, e = fused(query, key, value[..., :d], value[..., d:], scale=scaling,
                  causal=True, key_padding_mask=key_padding)
     return torch.cat([o, e.to(o.dtype)], dim=-1).transpose(1, 2).contiguous()
 
