@@ -188,6 +188,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "W_att = 0 makes Ẽ unread in the forward pass, but W_att's gradient is Ẽ·grad: training must compute it",
     ),
     Mutation(
+        "masks-read-on-the-host-in-every-layer", "hf_posenc/schemes/masks.py",
+        'known = getattr(attention_mask, "_hf_posenc_read", None)',
+        "known = None",
+        ("tests/test_decode_host.py::test_a_decode_step_reads_the_mask_on_the_host_once",),
+        "a host read of the mask waits for the device: once per forward, not once per layer of every decode step",
+    ),
+    Mutation(
         "tape-fused-path-copies-the-cache", "hf_posenc/schemes/tape/attention.py",
         "o, e = fused(query, key, value[..., :d], value[..., d:], scale=scaling,",
         "o, e = fused(query, key, value[..., :d].contiguous(), value[..., d:].contiguous(), scale=scaling,",

@@ -281,3 +281,32 @@ def test_benchmark_runs_its_smoke_size():
                          timeout=300)
     assert run.returncode == 0, run.stderr[-2000:]
     assert "tapa_scheme_step" in run.stdout and "triton launches" in run.stdout
+
+
+@pytest.mark.parametrize("scheme", ["tapa", "tape"])
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic-cache", "static-cache"])
+def test_a_decode_step_reads_the_mask_on_the_host_once(monkeypatch, scheme, static):
+    """A host read of the padding mask waits for the device: a decode step of a 4-layer model reads it once (the
+    first layer's answer kept on the mask: `schemes.masks.read_once`), not once per layer."""
+    import warnings
+
+    import hf_posenc
+    from tiny import tiny_model
+    from transformers import StaticCache
+
+    monkeypatch.setattr(_triton.LaunchSpec, "launch", lambda self: None)  # planning only: no kernel runs
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = hf_posenc.patch_model(tiny_model("llama", num_hidden_layers=4), scheme, backend="triton").eval()
+    ids = torch.randint(3, 100, (2, 12), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    cache = StaticCache(config=model.config, max_cache_len=32) if static else None
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, past_key_values=cache, use_cache=True)
+        step = ids[:, -1:]
+        count = _Count()
+        with count:
+            model(step, attention_mask=torch.cat([mask, torch.ones_like(step)], 1),
+                  past_key_values=out.past_key_values, use_cache=True)
+    reads = count.names.count("aten.stack.default" if static else "aten.all.default")
+    assert reads == 1, collections.Counter(count.names)

@@ -81,19 +81,33 @@ def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.T
     ``attention_mask`` comes from :func:`padding_mask`: a bool mask of the written keys (a dynamic cache, or a
     static sliding-window layer, whose offset is an int), or a static cache's int8 key states, whose unwritten
     slots are dropped here. Either way the host reads one small tensor (how many keys are written, whether any
-    is padding), so the queries are the last keys again.
+    is padding: :func:`read_once`), so the queries are the last keys again.
     """
     if attention_mask is None:
         return key, value, None
     if attention_mask.dim() != 2:
         raise ValueError("got a 4-D attention mask; this attention builds its own mask from the 2-D padding mask.")
+    written, padded = read_once(attention_mask)
     if attention_mask.dtype == torch.int8:  # a static cache's key states; unwritten slots are never padding
-        written, padded = torch.stack([(attention_mask[0] != KEY_UNWRITTEN).sum(),
-                                       (attention_mask == KEY_PADDING).any()]).tolist()
         attention_mask = attention_mask[:, :written] == KEY_REAL
-    else:
-        written, padded = attention_mask.shape[-1], not bool(attention_mask.all())
     if written > key.shape[2]:
         raise ValueError(f"the padding mask covers {written} keys but attention received {key.shape[2]}.")
     key, value = key[:, :, :written], value[:, :, :written]
     return key, value, attention_mask if padded else None
+
+
+def read_once(attention_mask: torch.Tensor) -> tuple[int, bool]:
+    """(keys written, any of them padding) of a mask from :func:`padding_mask`, read on the host once per mask
+    object: Transformers hands every layer of a forward the same mask, so the first layer's read serves the others.
+    A host read waits for the device to finish what is queued; once per layer it would stall every layer of every
+    decode step, once per forward it costs nothing (``generate`` reads its tokens on the host every step anyway).
+    The answer is kept on the mask tensor itself (a fresh tensor or view per forward, never written in place)."""
+    known = getattr(attention_mask, "_hf_posenc_read", None)
+    if known is None:
+        if attention_mask.dtype == torch.int8:  # a static cache's key states
+            written, padded = torch.stack([(attention_mask[0] != KEY_UNWRITTEN).sum(),
+                                           (attention_mask == KEY_PADDING).any()]).tolist()
+        else:
+            written, padded = attention_mask.shape[-1], not bool(attention_mask.all())
+        known = attention_mask._hf_posenc_read = (int(written), bool(padded))
+    return known
