@@ -97,11 +97,9 @@ def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.T
 
 
 def read_once(attention_mask: torch.Tensor) -> tuple[int, bool]:
-    """(keys written, any of them padding) of a mask from :func:`padding_mask`, read on the host once per mask
-    object: Transformers hands every layer of a forward the same mask, so the first layer's read serves the others.
-    A host read waits for the device to finish what is queued; once per layer it would stall every layer of every
-    decode step, once per forward it costs nothing (``generate`` reads its tokens on the host every step anyway).
-    The answer is kept on the mask tensor itself (a fresh tensor or view per forward, never written in place)."""
+    """(keys written, any of them padding) of a :func:`padding_mask` mask, read on the host once per mask object
+    (kept on it: a fresh tensor or view per forward, which every layer shares). A host read waits for the device:
+    per layer it stalls every layer of every decode step; per forward it is free (``generate`` syncs each step)."""
     known = getattr(attention_mask, "_hf_posenc_read", None)
     if known is None:
         if attention_mask.dtype == torch.int8:  # a static cache's key states

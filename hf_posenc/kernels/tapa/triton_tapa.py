@@ -615,13 +615,10 @@ class _Inputs:
     @staticmethod
     def relative_positions(q_positions: torch.Tensor, k_positions: torch.Tensor
                            ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Contiguous fp32 positions [B, Lq], [B, Lk] relative to each batch row's first key position. Every value
-        is an integer no larger in magnitude than the row's span of positions, so exact in fp32 while the span is
-        below 2^24, at any absolute position, and the kernels' distances |q − k| with it (they use nothing but
-        differences of positions). One ATen op per tensor (a decode call is host-bound, each op a CUDA launch):
-        the int64 difference written straight into the fp32 output, which casts the exact difference as
-        ``.to(torch.float32)`` does; the base is a view, not a reduction. `relative_positions_reference`: the
-        readable form (base: the row's smallest position), with the same distances."""
+        """Contiguous fp32 positions [B, Lq], [B, Lk] relative to each row's first key position: integers no larger
+        than the row's span, so exact in fp32 (and the kernels' distances |q − k| with them) while it is below 2^24,
+        at any absolute position. One ATen op per tensor (the int64 difference cast into the fp32 output; the base a
+        view, not a reduction): a decode call is host-bound. `relative_positions_reference`: the readable form."""
         base = k_positions[:, :1]
         q_pos = torch.empty(q_positions.shape, dtype=torch.float32, device=q_positions.device)
         k_pos = torch.empty(k_positions.shape, dtype=torch.float32, device=k_positions.device)

@@ -417,12 +417,10 @@ def _tape_bwd_dq_kernel(
 
 # GPU tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and padded width of [V | E], chosen
 # offline by benchmarks/tune_tiles.py (no spills at D <= 128, shared memory within the limit, fewest issued
-# instructions per score element). Decode tiles: decode.py. "dvde" + "dkdq" are the fused backward's two key-side
-# launches (dq added atomically from the dk tiles), the default where listed: chosen by the pipe model's lower
-# bound (`tune_tiles.py --rank bound`, ties by instructions) with key blocks of 64+ so every product runs on
-# Hopper's warpgroup MMA; sm_90 at D = 128: 0.25 + 0.3125 SM clocks per score element against the two-kernel
-# backward's 0.75 + 0.25, at D = 64: 0.094 + 0.156 against 0.375 + 0.125 (static figures, not yet timed on a GPU).
-# The two-kernel backward ("dkdv" + "dq") runs elsewhere and whenever a deterministic backward is asked for.
+# instructions per score element). Decode tiles: decode.py. The fused backward's launches "dvde" + "dkdq" (the
+# default where listed; "dkdv" + "dq" elsewhere and when asked to be deterministic): by the pipe model's bound
+# (`tune_tiles.py --rank bound`), key blocks of 64+ for the warpgroup MMA; sm_90, D = 128: 0.25 + 0.31 SM clocks per
+# score element against 0.75 + 0.25, D = 64: 0.094 + 0.156 against 0.375 + 0.125 (static, not yet timed on a GPU).
 _TILES = {
     "sm90": {
         128: dict(fwd=(128, 64, 8, 2), dvde=(64, 128, 8, 2), dkdq=(64, 128, 8, 2), dkdv=(32, 32, 4, 2),
