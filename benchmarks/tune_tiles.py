@@ -6,7 +6,8 @@ For each kernel (forward, decode, dK/dV, dQ) of a family, architecture and head 
 for decode its `decode.tile`, patched to the candidate) and compiled for that architecture; the winner is the candidate with no register
 spills (required at head dim <= 128) and shared memory within the limit that issues the fewest instructions
 per score element in its steady-state loop (benchmarks/kernels_static.py's count; `--rank bound`: the lowest
-pipe-model bound in SM clocks per score element, which also sees which pipe binds). A static proxy for speed:
+pipe-model bound in SM clocks per score element, which also sees which pipe binds, ties to more pipeline stages, then
+fewer instructions: how TAPE's fused backward tiles were chosen). A static proxy for speed:
 it does not see memory stalls or occupancy, which a run on the GPU (`hf-posenc selftest`) measures.
 
 Usage: python benchmarks/tune_tiles.py --family tapa --arch 90 --head-dim 128 [--kernel dkdv dq] [--jobs 2]
@@ -117,7 +118,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 cell = [r for r in results if r["head_dim"] == d and r["arch"] == arch and r["kernel"] == k
                         and "error" not in r and r["fits"] and r[key] is not None
                         and (r["spills"] == 0 or d > 128)]
-                best = min(cell, key=lambda r: (r["spills"] > 0, r[key]), default=None)
+                # --rank bound: ties (a bound is a sum of whole instructions' costs: ties are common) go to more
+                # pipeline stages (latency the bound does not see), then to fewer issued instructions
+                rank = (lambda r: (r["spills"] > 0, r["per_element"])) if a.rank == "instructions" else (
+                    lambda r: (r["spills"] > 0, r["bound"], -r["tile"][3], r["per_element"]))
+                best = min(cell, key=rank, default=None)
                 print(f"best {a.family} {k} sm_{arch} D={d} by {a.rank}: {best['tile'] if best else 'none'} "
                       f"{best[key] if best else ''}")
     return results
