@@ -8,8 +8,7 @@ model.save_pretrained("out")                        # the scheme is recorded in 
 AutoModelForCausalLM.from_pretrained("out")         # patched again (after `import hf_posenc`)
 ```
 
-Importing the package registers every scheme's rope types and attention functions and the patched model types
-with Transformers.
+``import hf_posenc`` registers every scheme's rope types, attention functions and patched model types with Transformers.
 """
 
 from .record import FORMAT_VERSION, LIBRARY_VERSION

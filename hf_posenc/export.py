@@ -134,8 +134,7 @@ def export_stock(model: Any, path: str | os.PathLike, tokenizer: Any = None, ove
 
     A Python with Transformers but without hf-posenc loads it with ``from_pretrained`` and gets the same logits.
     ``path`` must be missing or empty unless ``overwrite`` (then it is replaced as a whole). Nothing changes at
-    ``path`` unless the whole export succeeds (see :mod:`hf_posenc.io_atomic`).
-    """
+    ``path`` unless the whole export succeeds (see :mod:`hf_posenc.io_atomic`)."""
     check_patchable(model)
     stock = stock_config(model)
     warn_vllm_differences(stock)

@@ -6,12 +6,11 @@ frequency scheme is therefore one vector of factors
 
     f_i = θ_i / θ'_i      (θ' = the patched inverse frequencies Transformers computes for the model)
 
-which is 1/w_i for CoPE/HardClip over the default base (``cope-clipped-rope`` eq. 10), 1 for p-RoPE's kept
-frequencies, and the combined ratio over linear/YaRN/Llama-3 bases. Where θ'_i = 0 (HardClip, CoPE's last frequency,
-p-RoPE's dropped ones) f_i is a large finite number (3e38, as in the stock export), which makes the angle exactly 0
-in fp32. The rope type's attention scaling (YaRN's mscale, also under CoPE) multiplies cos and sin in both engines
-and is written as ``<arch>.rope.scaling.attn_factor``; no other rope scaling is declared, so llama.cpp applies
-nothing on top.
+which is 1/w_i for CoPE/HardClip over the default base (``cope-clipped-rope`` eq. 10), 1 for p-RoPE's kept frequencies,
+and the combined ratio over linear/YaRN/Llama-3 bases. Where θ'_i = 0 (HardClip, CoPE's last frequency, p-RoPE's dropped
+ones) f_i is a large finite number (3e38, as in the stock export), which makes the angle exactly 0 in fp32. The rope
+type's attention scaling (YaRN's mscale, also under CoPE) multiplies cos and sin in both engines and is written as
+``<arch>.rope.scaling.attn_factor``; no other rope scaling is declared, so llama.cpp applies nothing on top.
 
 Steps (nothing is written to ``path`` unless all succeed):
 
@@ -58,9 +57,7 @@ from .schemes.base import head_dim as config_head_dim
 # Stock model type -> llama.cpp architecture that reads a per-dimension `rope_freqs` tensor.
 ROPE_FREQS_ARCHS = {"llama": "llama"}
 # Why the other supported families are refused (their llama.cpp architectures).
-NO_ROPE_FREQS = {
-    "qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3",
-}
+NO_ROPE_FREQS = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
 # Rope types whose frequencies do not depend on the sequence length.
 STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "proportional", "cope", "hardclip")
 # quantization -> the converter's --outtype (Q4_K_M: the f16 file, then llama.cpp's quantizer)
@@ -98,8 +95,7 @@ def gguf_rope_parameters(model_or_config: Any) -> tuple[torch.Tensor, float, flo
     """``(factors, attention_factor, rope_theta)``: the ``rope_freqs`` values (float32, head_dim/2 of them) and
     attention factor that make llama.cpp's rotation equal to the patched model's (see the module docstring).
 
-    Raises ``ValueError`` (naming the reason) for what llama.cpp cannot express.
-    """
+    Raises ``ValueError`` (naming the reason) for what llama.cpp cannot express."""
     config = getattr(model_or_config, "config", model_or_config)
     record = scheme_record(config)
     if record is None:
@@ -233,8 +229,7 @@ def captured_output(log: str | os.PathLike):
 
     llama.cpp prints from C to file descriptors 1 and 2 (and llama-cpp-python's log callback to Python's
     ``sys.stderr``), which ``contextlib.redirect_stdout`` alone does not catch: both descriptors are pointed at
-    ``log`` for the block, Python's streams too, and everything is restored afterwards, also when the block raises.
-    """
+    ``log`` for the block, Python's streams too, and everything is restored afterwards, also when the block raises."""
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):
             stream.flush()
@@ -274,8 +269,7 @@ def quantize(src: str, dst: str, quantization: str = "q4_k_m") -> str:
     """Run llama.cpp's quantizer on the GGUF file ``src``, writing ``dst``; returns a one-line summary (sizes, type).
 
     Its log (several lines per tensor) is captured in a file beside ``dst`` and deleted afterwards; a failure raises
-    a ``RuntimeError`` ending with the log's last lines.
-    """
+    a ``RuntimeError`` ending with the log's last lines."""
     check_quantizer(quantization)
     import llama_cpp
 

@@ -197,8 +197,7 @@ def push_to_hub(
         api: an ``huggingface_hub.HfApi`` (default: a new one with ``token``).
 
     Returns the ``CommitInfo`` of the commit. A model still quantized from GGUF is refused with the fix named;
-    nothing is ever written with pickle.
-    """
+    nothing is ever written with pickle."""
     from huggingface_hub import CommitOperationAdd, HfApi
 
     if not isinstance(repo_id, str) or not repo_id.strip("/"):

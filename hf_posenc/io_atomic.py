@@ -112,8 +112,7 @@ def atomic_dir(target: str | os.PathLike, overwrite: bool = False) -> Iterator[P
     """``with atomic_dir(path) as tmp: write into tmp`` — ``path`` becomes exactly what was written, at once.
 
     ``path`` may be missing or an empty directory; a non-empty one is refused unless ``overwrite`` (then it is
-    replaced as a whole, so no file of the old output survives). On an exception nothing changes at ``path``.
-    """
+    replaced as a whole, so no file of the old output survives). On an exception nothing changes at ``path``."""
     path = check_output_dir(target, overwrite=overwrite)
     path.parent.mkdir(parents=True, exist_ok=True)
     _remove_stale_partials(path)

@@ -104,8 +104,7 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
 
     The scheme is recorded in ``model.config`` (its class becomes the family's patched config, with model type
     ``hf_posenc_<type>``), so ``save_pretrained``/``from_pretrained`` restore it. Every check runs before anything
-    changes: a failed call leaves the model as it was.
-    """
+    changes: a failed call leaves the model as it was."""
     config_scheme = make_scheme(scheme, **options)
     check_patchable(model)
     config = model.config

@@ -106,9 +106,8 @@ def bundle(roots: list[str] | None = None) -> tuple[str, ...]:
 
 
 def _flattened(module: str, modules: tuple[str, ...]) -> str:
-    """The module's source with each relative import pointing at its flat file (``from .hf_posenc_x import``), or,
-    for an optional import of a module that does not travel, at the installed package (``from hf_posenc.x
-    import``)."""
+    """The module's source with each relative import pointing at its flat file (``from .hf_posenc_x import``), or, for
+    an optional import of a module that does not travel, at the installed package (``from hf_posenc.x import``)."""
     path, _ = _path(module)
     lines = path.read_text().splitlines()
     for imp in _relative_imports(module):

@@ -55,8 +55,7 @@ def fold_attention_factors(model: nn.Module, stock: Any) -> dict[str, torch.Tens
     """Fold ``stock``'s foldable rotary attention factors into ``model``'s query/key weights.
 
     ``stock`` is the stock config being exported (edited in place: each folded ``attention_factor`` becomes 1.0).
-    Returns the state dict to save (``model`` itself is not modified), or ``None`` when nothing needed folding.
-    """
+    Returns the state dict to save (``model`` itself is not modified), or ``None`` when nothing needed folding."""
     rope = stock.rope_parameters
     nested = stock.nested_rope_parameter_keys(rope)
     factors = {k: _foldable_factor(stock, rope[k]) for k in nested} if nested else {None: _foldable_factor(stock, rope)}

@@ -90,8 +90,7 @@ def layer_frequencies(model: nn.Module, layer: int) -> tuple[torch.Tensor, float
     """``(inv_freq, attention_scaling)`` the rotary module uses for ``layer`` (float64 inverse frequencies).
 
     The frequencies are whatever the model's scheme computes (RoPE, YaRN, CoPE, HardClip, p-RoPE…); they are read
-    from the module's buffers, so dynamic types reflect the latest forward pass.
-    """
+    from the module's buffers, so dynamic types reflect the latest forward pass."""
     rotary = _rotary_module(model)
     types = getattr(model.config, "layer_types", None)
     prefix = "" if types is None else f"{types[layer]}_"  # Gemma3's buffers per layer type
@@ -125,8 +124,7 @@ class QKVCapture:
     """Context manager that records the pre-rotation q/k/v of chosen layers and heads on every forward pass.
 
     After a forward, ``captured[layer][kind]`` is a float32 CPU tensor ``[batch, len(heads), seq, head_dim]``
-    (the latest pass only: each pass overwrites the previous, so long texts can be streamed window by window).
-    """
+    (the latest pass only: each pass overwrites the previous, so long texts can be streamed window by window)."""
 
     def __init__(
         self, model: nn.Module, layers: Sequence[int] | None = None, heads: Sequence[int] | None = None,

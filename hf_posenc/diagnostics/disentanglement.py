@@ -60,8 +60,7 @@ def additive_correlation(w: torch.Tensor) -> float:
 def three_axis_fit(w: torch.Tensor, ridge: float = RIDGE) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``W[i, j] ≈ a_{i−j} + b_i + c_j`` over the causal triangle ``j ≤ i`` (eq. 2), via the normal equations.
 
-    Returns ``(a, b, c)`` of length ``n`` each (``a`` indexed by distance ``0..n−1``).
-    """
+    Returns ``(a, b, c)`` of length ``n`` each (``a`` indexed by distance ``0..n−1``)."""
     n = w.shape[0]
     if w.shape != (n, n):
         raise ValueError(f"the logit matrix must be square, got {tuple(w.shape)}.")

@@ -1,10 +1,9 @@
 """Distance bias (tapa-token-aware-phase-attention Appendix I, Fig. 1).
 
-Sample pairs of attention scores that share a query position ``i``: one key at a short distance λ ∈ I_short and
-one at a long distance Λ ∈ I_long, and histogram Δ = Attn(i, i−λ) − Attn(i, i−Λ) (pre-softmax logits, the row
-offset cancels). The paper uses I_short = [0, 100], I_long = [10000, 10100] and finds μ ≈ 4.1, σ ≈ 0.85 for RoPE
-(a bias toward near tokens) and μ ≈ 0.03 for TAPA. :func:`scaled_ranges` shrinks both intervals proportionally to
-a shorter context.
+Sample pairs of attention scores that share a query position ``i``: one key at a short distance λ ∈ I_short and one at a
+long distance Λ ∈ I_long, and histogram Δ = Attn(i, i−λ) − Attn(i, i−Λ) (pre-softmax logits, the row offset cancels).
+The paper uses I_short = [0, 100], I_long = [10000, 10100] and finds μ ≈ 4.1, σ ≈ 0.85 for RoPE (a bias toward near
+tokens) and μ ≈ 0.03 for TAPA. :func:`scaled_ranges` shrinks both intervals proportionally to a shorter context.
 """
 
 from __future__ import annotations
@@ -114,8 +113,7 @@ def distance_bias(
     """Histogram of Attn(short) − Attn(long) per layer and head over one forward pass of the text.
 
     ``short``/``long`` default to the paper's intervals scaled to the text length (:func:`scaled_ranges`); an
-    explicit range longer than the text raises.
-    """
+    explicit range longer than the text raises."""
     layers = check_layers(model, layers)
     heads = check_heads(model, heads)
     input_ids = check_ids(input_ids, 3, "distance_bias")

@@ -68,8 +68,7 @@ def frequency_usage(
     """Mean 2-norm of every RoPE chunk of q, k (and v as control) per layer and head over a text.
 
     The text is streamed in non-overlapping windows of ``window`` tokens (each its own forward pass), so only the
-    running sums are kept.
-    """
+    running sums are kept."""
     layers = check_layers(model, layers)
     heads = check_heads(model, heads)
     input_ids = check_ids(input_ids, 2, "frequency_usage")
@@ -105,8 +104,7 @@ def plot_frequency_usage(
     low) for q, k and v, one row of panels per model (Fig. 3 / Fig. 4)."""
     named = normalise_named(results, FrequencyUsageResult)
     plt = pyplot()
-    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False, layout="constrained")
     for row, (name, res) in enumerate(named.items()):
         for col, (kind, label) in enumerate((("q", "queries"), ("k", "keys"), ("v", "values (control)"))):
             if per_head_layer is None:

@@ -194,8 +194,7 @@ def perturbation_tolerance(
                                    for t in range(trials)], dtype=torch.float64)
             same = None
         std = float(values.std()) if trials > 1 else 0.0
-        points.append(PerturbationPoint(mode, float(fraction), int(distance), float(values.mean()), std, trials,
-                                        same))
+        points.append(PerturbationPoint(mode, float(fraction), int(distance), float(values.mean()), std, trials, same))
     return PerturbationResult(model=name, baseline_perplexity=baseline, window=window, tokens=ids.shape[1],
                               points=points, score=score)
 

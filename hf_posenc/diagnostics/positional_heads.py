@@ -121,8 +121,7 @@ def positional_heads(
 ) -> PositionalHeadsResult:
     """Score every (layer, head) for diagonal / previous-token attention and high-frequency use (§5).
 
-    ``high_freq_threshold`` defaults to twice the uniform share (``2 · high_fraction``).
-    """
+    ``high_freq_threshold`` defaults to twice the uniform share (``2 · high_fraction``)."""
     layers = check_layers(model, layers)
     heads = check_heads(model, heads)
     input_ids = check_ids(input_ids, 2, "positional_heads")
@@ -178,8 +177,7 @@ def plot_positional_heads(
     """Layer × head heatmaps of the three scores, one row per model; found heads are circled."""
     named = normalise_named(results, PositionalHeadsResult)
     plt = pyplot()
-    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(len(named), 3, figsize=(13, 3.2 * len(named)), squeeze=False, layout="constrained")
     for row, (name, res) in enumerate(named.items()):
         for col, (key, label) in enumerate(
             (("diagonal", "diagonal α_ii"), ("previous", "previous-token α_i,i−1"), ("high_freq_usage", "high-freq share"))

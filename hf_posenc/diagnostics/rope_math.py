@@ -54,8 +54,7 @@ def fake_distance_logits(
         inv_freq: ``[D/2]`` the model's inverse frequencies.
         scale: softmax scale × attention_scaling² (Transformers multiplies cos/sin by attention_scaling).
 
-    Returns ``[..., M, N]`` (float64).
-    """
+    Returns ``[..., M, N]`` (float64)."""
     c, s = chunk_products(q[..., None, :].double(), keys.double())  # [..., N, D/2]
     angles = distances.double()[:, None] * inv_freq.double()[None]  # [M, D/2]
     return scale * (torch.einsum("...nj,mj->...mn", c, torch.cos(angles)) + torch.einsum("...nj,mj->...mn", s, torch.sin(angles)))
@@ -77,8 +76,7 @@ def causal_attention_rows(
     """Softmax attention of query ``rows`` over all keys with the causal (and sliding-window) mask.
 
     ``q_rot [H, R, D]`` are the rotated queries of ``rows`` (absolute positions ``[R]``), ``k_rot [H, S, D]`` the
-    rotated keys at positions ``0..S-1``. Returns ``[H, R, S]`` probabilities (float32).
-    """
+    rotated keys at positions ``0..S-1``. Returns ``[H, R, S]`` probabilities (float32)."""
     logits = torch.einsum("hrd,hsd->hrs", q_rot.float(), k_rot.float()) * scale
     if softcap:
         logits = torch.tanh(logits / softcap) * softcap

@@ -79,8 +79,7 @@ def empirical_gap(
 
     The rotation is linear, so the mean is taken per chunk once (cosine and sine coefficients) and evaluated at
     every Δt; :func:`empirical_gap_reference` rotates explicitly. ``smooth`` > 0 returns the Gaussian moving
-    average (std ``smooth`` tokens) of that mean, exactly (each chunk's terms times exp(−θ²·smooth²/2)).
-    """
+    average (std ``smooth`` tokens) of that mean, exactly (each chunk's terms times exp(−θ²·smooth²/2))."""
     if samples < 2:
         raise ValueError(f"samples must be >= 2, got {samples}.")
     q, k, similar = _random_pairs(2 * inv_freq.numel(), samples, sigma, noise, seed)
@@ -106,12 +105,10 @@ def empirical_gap_reference(
 
 
 def ringing_index(curve: torch.Tensor, smooth: int = 1) -> float:
-    """Total upward variation of ``curve`` after its first local minimum (0 for a curve that only decays, or only
-    rises).
+    """Total upward variation of ``curve`` after its first local minimum (0 for a monotone curve).
 
     ``smooth`` > 1 first takes a moving average over that many points, which removes the fast wiggles of the
-    highest frequencies and keeps the slow Gibbs ringing of a low-frequency cut (period 2π/θ_c).
-    """
+    highest frequencies and keeps the slow Gibbs ringing of a low-frequency cut (period 2π/θ_c)."""
     curve = curve.double().flatten()
     if smooth > 1:
         if smooth > curve.numel():
@@ -136,9 +133,7 @@ def clipped_frequency_sets(inv_freq: torch.Tensor, clip_low_n: int | None = None
     theta = torch.as_tensor(inv_freq, dtype=torch.float64).flatten()
     n = theta.numel()
     c = default_clip_low_n(n) if clip_low_n is None else clip_low_n
-    return {
-        "RoPE": theta, "HardClip": theta * taper_weights(n, c, hard=True), "CoPE": theta * taper_weights(n, c),
-    }
+    return {"RoPE": theta, "HardClip": theta * taper_weights(n, c, hard=True), "CoPE": theta * taper_weights(n, c)}
 
 
 @dataclass
@@ -178,8 +173,7 @@ def clipping_comparison(
     Δt runs over ``periods`` periods 2π/θ_c of the fastest frequency HardClip zeroes; ``smooth`` (default
     2π/θ_c / 16 tokens) is the Gaussian moving average of the full curves. Over those periods HardClip − RoPE
     oscillates and CoPE − RoPE rises monotonically (ringing index 0) for RoPE bases 10⁴–10⁷ and 16–128
-    frequencies; further out CoPE's few discrete tapered terms start to beat too.
-    """
+    frequencies; further out CoPE's few discrete tapered terms start to beat too."""
     sets = clipped_frequency_sets(inv_freq, clip_low_n)
     theta, hard = sets["RoPE"], sets["HardClip"]
     if not (theta > 0).all():
@@ -212,8 +206,7 @@ class SemanticDecayResult(ResultMixin):
     moving averages (std ``smooth`` tokens). ``ringing`` is :func:`ringing_index` of each raw curve after a
     ``ringing_smooth``-point moving average (for a head's few frequencies it mostly counts the fast terms that never
     decay; the clipping ringing is in ``clipping``). ``clipping`` holds, for every set without zero frequencies,
-    the RoPE / HardClip / CoPE comparison on those frequencies (:func:`clipping_comparison`).
-    """
+    the RoPE / HardClip / CoPE comparison on those frequencies (:func:`clipping_comparison`)."""
 
     analysis = "semantic_decay"
     model: str
@@ -243,8 +236,7 @@ def semantic_decay(
     Curves are reported normalised by their value at Δt = 0 for full RoPE (2σ²·n_freq), so 1 = perfect
     preference for the similar key and 0 = none. ``smooth`` (default: the largest Δt / 64) is the std in tokens of
     the Gaussian moving average behind ``smoothed`` and ``empirical_smoothed``. ``clipping`` adds
-    :func:`clipping_comparison` (``clip_low_n``, default CoPE's) for every set whose frequencies are all > 0.
-    """
+    :func:`clipping_comparison` (``clip_low_n``, default CoPE's) for every set whose frequencies are all > 0."""
     if not frequency_sets:
         raise ValueError("pass at least one named frequency set.")
     if distances is None:

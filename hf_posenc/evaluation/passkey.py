@@ -1,11 +1,10 @@
 """Passkey retrieval in the format of Landmark attention (Mohtashami & Jaggi, 2023).
 
-The prompt is five lines joined by ``"\\n"``: the task description, filler before the needle, the needle, filler
-after it, and the question. The filler is the sentence block :data:`FILLER` repeated (joined by spaces) and cut
-to a number of characters; like the original, both filler parts are prefixes of that same repetition. The depth
-``d`` puts ``round(d · n)`` of the ``n`` filler characters before the needle, and ``n`` is the largest amount whose
-prompt fits the target token length. The model decodes greedily and is right when the first integer it writes is
-the key (exact match).
+The prompt is five lines joined by ``"\\n"``: the task description, filler before the needle, the needle, filler after
+it, and the question. The filler is the sentence block :data:`FILLER` repeated (joined by spaces) and cut to a number of
+characters; like the original, both filler parts are prefixes of that same repetition. The depth ``d`` puts
+``round(d · n)`` of the ``n`` filler characters before the needle, and ``n`` is the largest amount whose prompt fits the
+target token length. The model decodes greedily and is right when the first integer it writes is the key (exact match).
 """
 
 from __future__ import annotations
@@ -94,8 +93,7 @@ def key_digit_accuracy(model: Any, tokenizer: Any, prompt: PasskeyPrompt) -> flo
     A graded companion to exact match for small models, which rarely write all five digits right (and may never
     rank a digit above every letter): a model that copies the key from the needle scores near 1, one that guesses
     about 0.1. Needs a tokenizer that writes each digit as one token (byte-level, SmolLM2, Llama 3 and most BPE
-    vocabularies) and whose prompt tokens are a prefix of the continued text's; otherwise a ``ValueError`` says so.
-    """
+    vocabularies) and whose prompt tokens are a prefix of the continued text's; otherwise a ``ValueError`` says so."""
     import torch
 
     digit_ids = []

@@ -50,8 +50,7 @@ def window_spans(num_tokens: int, context_length: int, stride: int) -> Iterator[
     """``(begin, end, num_new)`` of each window: tokens ``[begin, end)`` are fed, the last ``num_new`` are new.
 
     The loop of the Press et al. / Hugging Face recipe: ``begin`` advances by ``stride`` until a window reaches the
-    end of the text; the last window may be shorter than ``context_length``.
-    """
+    end of the text; the last window may be shorter than ``context_length``."""
     if stride < 1 or stride > context_length:
         raise ValueError(f"stride must be in [1, context_length={context_length}], got {stride}")
     prev_end = 0
@@ -85,8 +84,7 @@ def window_nll(model: Any, window: torch.Tensor, num_new: int, chunk_size: int =
 
     Runs ``model.get_decoder()`` for the hidden states, keeps those that predict the last ``num_new`` tokens (the
     first token of the text has no prediction) and applies ``model.get_output_embeddings()`` (plus the family's
-    logit post-processing) ``chunk_size`` positions at a time, in float32 for the loss.
-    """
+    logit post-processing) ``chunk_size`` positions at a time, in float32 for the loss."""
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
     decoder, head = model.get_decoder(), model.get_output_embeddings()
@@ -152,8 +150,7 @@ def sliding_window_perplexity(
     ``stride`` (default ``context_length // 2``; ``stride == context_length`` gives disjoint windows).
 
     Batch size 1, ``torch.inference_mode``. Raises :class:`TextTooShortError` when the text has fewer than
-    ``context_length`` tokens.
-    """
+    ``context_length`` tokens."""
     from tqdm.auto import tqdm
 
     ids = torch.as_tensor(input_ids)
@@ -198,8 +195,7 @@ def perplexity_at_lengths(
     """:func:`sliding_window_perplexity` at each context length; ``stride=None`` means half of each length, and a
     stride larger than a length is clamped to that length (disjoint windows).
 
-    Every length is checked against the text before any model runs, so a too-short text fails fast.
-    """
+    Every length is checked against the text before any model runs, so a too-short text fails fast."""
     ids = torch.as_tensor(input_ids).reshape(1, -1)
     _check_text_length(ids.shape[1], max(lengths, default=0))
     return [sliding_window_perplexity(model, ids, n, stride if stride is None else min(stride, n), **kwargs)

@@ -20,8 +20,7 @@ def largest_fitting(build: Callable[[int], str], tokenizer: Any, target: int, wh
     """The largest filler amount ``n >= 0`` whose prompt ``build(n)`` has at most ``target`` tokens.
 
     Returns ``(n, prompt, tokens)``. Doubling then bisection; token counts grow with ``n`` except for tokenizer
-    merges at the edges, so the result is the largest fitting ``n`` up to such a wobble, and always fits.
-    """
+    merges at the edges, so the result is the largest fitting ``n`` up to such a wobble, and always fits."""
     if not isinstance(target, int) or target < 1:
         raise ValueError(f"{what}: target length must be a positive int, got {target!r}")
 

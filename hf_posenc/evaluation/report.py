@@ -30,8 +30,7 @@ def markdown_report(result: EvaluationResult) -> str:
     if result.perplexity:
         lengths = sorted({r.context_length for r in result.perplexity})
         lines += [f"## Perplexity: {result.perplexity[0].method}", ""]
-        lines += ["| model | " + " | ".join(f"L={n}" for n in lengths) + " |",
-                  "|---|" + "---:|" * len(lengths)]
+        lines += ["| model | " + " | ".join(f"L={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
         for m in models:
             cells = []
             for n in lengths:
@@ -44,8 +43,7 @@ def markdown_report(result: EvaluationResult) -> str:
     for task in result.tasks():
         lengths = sorted({t.length for t in result.retrieval if t.task == task})
         lines += [f"## {task}: exact-match accuracy (mean over depths and trials; partial score in brackets)", ""]
-        lines += ["| model | " + " | ".join(f"L={n}" for n in lengths) + " |",
-                  "|---|" + "---:|" * len(lengths)]
+        lines += ["| model | " + " | ".join(f"L={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
         for m in models:
             if not any(t.model == m and t.task == task for t in result.retrieval):
                 continue
@@ -89,8 +87,7 @@ def plot_perplexity(result: EvaluationResult, path: str | os.PathLike) -> str:
     return os.fspath(path)
 
 
-def plot_accuracy_heatmaps(result: EvaluationResult, task: str, path: str | os.PathLike,
-                           metric: str = "exact") -> str:
+def plot_accuracy_heatmaps(result: EvaluationResult, task: str, path: str | os.PathLike, metric: str = "exact") -> str:
     """One heatmap per model of the mean ``metric`` over depth (rows) × context length (columns)."""
     models = [m for m in result.models() if any(t.model == m and t.task == task for t in result.retrieval)]
     if not models:

@@ -24,8 +24,7 @@ class PerplexityResult:
     """Perplexity of one model on one text at one context length.
 
     ``perplexity = exp(nll)`` where ``nll`` is the token-weighted mean negative log-likelihood (nats) of the
-    ``num_scored`` targets; every target is scored exactly once, by the first window that reaches it.
-    """
+    ``num_scored`` targets; every target is scored exactly once, by the first window that reaches it."""
 
     model: str
     context_length: int
@@ -44,8 +43,7 @@ class RetrievalTrial:
     """One retrieval prompt answered by one model.
 
     ``answers`` are the values that must appear in the output; ``score`` is the fraction found (partial match) and
-    ``exact`` whether all were found. ``depth`` is the fraction of filler before the (queried) needle.
-    """
+    ``exact`` whether all were found. ``depth`` is the fraction of filler before the (queried) needle."""
 
     model: str
     task: str

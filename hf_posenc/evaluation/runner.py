@@ -47,8 +47,7 @@ def _prompt(task: str, tokenizer: Any, length: int, depth: float, rng: random.Ra
             num_values: int):
     if task == "passkey":
         return build_passkey_prompt(tokenizer, length, depth, rng.randint(*KEY_RANGE))
-    return build_needle_prompt(tokenizer, task.removeprefix("needle_"), length, depth, rng, num_distractors,
-                               num_values)
+    return build_needle_prompt(tokenizer, task.removeprefix("needle_"), length, depth, rng, num_distractors, num_values)
 
 
 def _score(task: str, output: str, answers: list[str]) -> tuple[float, bool]:
@@ -87,8 +86,7 @@ def evaluate(
     ``tokenizer`` is one tokenizer or a mapping name → tokenizer. Prompts depend only on ``seed``, task, length,
     depth and trial (and the tokenizer), so every model answers the same prompts. ``generate`` replaces greedy
     decoding (``generate(model, tokenizer, prompt, max_new_tokens) -> text``); ``max_new_tokens`` overrides the
-    per-task defaults (10 for the passkey, 12 per expected needle value).
-    """
+    per-task defaults (10 for the passkey, 12 per expected needle value)."""
     if not isinstance(models, Mapping) or not models:
         raise TypeError("models must be a non-empty dict mapping a name to a model, e.g. {'rope': m1, 'cope': m2}")
     task_list = expand_tasks(tasks)
@@ -171,8 +169,7 @@ def evaluate_schemes(
     base — or maps result names to them. Every spec is parsed before any model is patched, so a typo fails at
     once. ``replace=True`` lets a scheme replace one the base already carries (``patch_model``'s ``replace``). The
     other arguments are :func:`evaluate`'s; results are merged in the given order, and ``settings["schemes"]``
-    records each name's scheme.
-    """
+    records each name's scheme."""
     from ..patching import patch_model
     from ..schemes import SchemeConfig
     from ..schemes.spec import parse_scheme_spec

@@ -56,8 +56,7 @@ def format_table(table: dict[str, Any], markdown: bool = False) -> str:
               for s in schemes}
     summary = ", ".join(f"{s}: {counts[s]}" for s in schemes)
     if markdown:
-        lines = ["| model type | " + " | ".join(schemes) + " | reasons |",
-                 "|---|" + "---|" * len(schemes) + "---|"]
+        lines = ["| model type | " + " | ".join(schemes) + " | reasons |", "|---|" + "---|" * len(schemes) + "---|"]
         for model_type, cells, reasons in rows:
             lines.append(f"| {model_type} | " + " | ".join(cells) + " | " + "; ".join(reasons) + " |")
         lines.append("")

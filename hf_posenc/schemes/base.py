@@ -105,8 +105,7 @@ class SchemeConfig:
         """Why this scheme cannot patch ``model`` (a loaded causal LM whose family may take it), or ``None``.
 
         Frequency schemes change only ``rope_parameters`` and take any model whose family takes them; a scheme
-        that computes attention refuses attention parts it would drop. Subclasses add their own layout rules.
-        """
+        that computes attention refuses attention parts it would drop. Subclasses add their own layout rules."""
         if not self.computes_attention:
             return None
         config = model.config
@@ -195,9 +194,7 @@ class FrequencySchemeConfig(SchemeConfig):
         check_type(self.name, "rope_theta", self.rope_theta, (int, float), optional=True)
         check_type(self.name, "scaling", self.scaling, (str,), optional=True)
         check_type(self.name, "factor", self.factor, (int, float), optional=True)
-        check_type(
-            self.name, "original_max_position_embeddings", self.original_max_position_embeddings, (int,), True
-        )
+        check_type(self.name, "original_max_position_embeddings", self.original_max_position_embeddings, (int,), True)
         check_type(self.name, "scaling_options", self.scaling_options, (dict,))
         if self.rope_theta is not None and not (math.isfinite(self.rope_theta) and self.rope_theta > 1):
             raise ValueError(f"{self.name}: rope_theta must be a finite number > 1, got {self.rope_theta}.")

@@ -107,9 +107,7 @@ def build_cases(shapes: CheckShapes, dtypes: tuple[str, ...], device: torch.devi
     return [c for dt in dtypes for family in families() for c in family.cases(shapes, dt, device)]
 
 
-# --------------------------------------------------------------------------------------------------
-# Inputs
-# --------------------------------------------------------------------------------------------------
+# -- Inputs ---------------------------------------------------------------------------------------------------
 
 
 def _left_padding(batch: int, k_len: int) -> torch.Tensor:
@@ -154,9 +152,7 @@ def _inputs(case: CheckCase, gen: torch.Generator) -> tuple[list[torch.Tensor], 
     return tensors, extra
 
 
-# --------------------------------------------------------------------------------------------------
-# Running one case
-# --------------------------------------------------------------------------------------------------
+# -- Running one case -----------------------------------------------------------------------------------------
 
 
 def row_relative_error(x: torch.Tensor, ref: torch.Tensor, floor: float) -> float:

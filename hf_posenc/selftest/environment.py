@@ -60,8 +60,7 @@ def needs_fresh_process(device: torch.device) -> bool:
 
     On CPU the kernels need the interpreter; without TRITON_INTERPRET=1 set at process start they were (or
     will be) built for compilation. Raises ValueError on CUDA with the interpreter switched on: the
-    selftest must check the compiled kernels, so TRITON_INTERPRET has to be unset.
-    """
+    selftest must check the compiled kernels, so TRITON_INTERPRET has to be unset."""
     if device.type == "cuda":
         if interpreting():
             raise ValueError("TRITON_INTERPRET=1 is set, so the Triton kernels would run in the interpreter "

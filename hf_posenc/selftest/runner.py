@@ -68,8 +68,7 @@ def run_selftest(
 
     On CPU the kernels must run in the Triton interpreter, which can only be switched on before `triton` is
     first imported; when this process was started without TRITON_INTERPRET=1 the selftest runs in a fresh
-    `python -m hf_posenc.selftest` process with it set, and its report is read back.
-    """
+    `python -m hf_posenc.selftest` process with it set, and its report is read back."""
     dev = resolve_device(device)
     size = size or ("realistic" if dev.type == "cuda" else "small")
     if size not in SIZES:
@@ -156,9 +155,7 @@ def _time_unit(family, mode: str, length: int, plan: TimingPlan, dtype: torch.dt
                       vs_rope=r["median_ms"] / base) for label, r in results.items()]
 
 
-# --------------------------------------------------------------------------------------------------
-# Re-running in a fresh process (CPU without TRITON_INTERPRET=1 at start-up)
-# --------------------------------------------------------------------------------------------------
+# -- Re-running in a fresh process (CPU without TRITON_INTERPRET=1 at start-up) -------------------------------
 
 
 def selftest_argv(device: str, size: str | None, dtypes, lengths, repeats, only, checks: bool, timing: bool,

@@ -1,9 +1,8 @@
 """Continued training and context extension with a positional-encoding scheme (``hf-posenc train``).
 
-``load_recipe`` parses and validates a YAML recipe (no weights loaded); ``run_training`` loads, patches, wraps
-with LoRA, packs the data, trains with the HF Trainer (chunked cross-entropy, gradient checkpointing), saves the
-adapter (and a merged checkpoint) and evaluates. See :mod:`.trainer` for which schemes work with context
-parallelism.
+``load_recipe`` parses and validates a YAML recipe (no weights loaded); ``run_training`` loads, patches, wraps with
+LoRA, packs the data, trains with the HF Trainer (chunked cross-entropy, gradient checkpointing), saves the adapter (and
+a merged checkpoint) and evaluates. See :mod:`.trainer` for which schemes work with context parallelism.
 """
 
 from __future__ import annotations

@@ -99,8 +99,7 @@ class SchemeSection:
 
     ``replace: true`` continues a checkpoint that already carries another scheme with this one (applied to the
     checkpoint's original frequencies, as ``patch_model(..., replace=True)``); without it such a recipe is refused.
-    ``compose: true`` patches a stock export of hf-posenc on purpose (``patch_model(..., compose=True)``).
-    """
+    ``compose: true`` patches a stock export of hf-posenc on purpose (``patch_model(..., compose=True)``)."""
 
     name: str = "rope"
     options: dict[str, Any] = field(default_factory=dict)
@@ -204,8 +203,7 @@ class TrainingSection(TrainingArguments):
     Constructing it checks the values; ``TrainingArguments.__post_init__`` (which sets up devices, the distributed
     state and DeepSpeed, and refuses hardware the machine lacks) runs in :meth:`to_training_arguments` when the run
     starts, and what that returns goes to the Trainer, not this object: a recipe is checked, and a run reloaded, on
-    a machine without the GPUs it names.
-    """
+    a machine without the GPUs it names."""
 
     KEYS: ClassVar[str] = "the fields of transformers.TrainingArguments"
 
@@ -244,8 +242,7 @@ class TrainingSection(TrainingArguments):
     def to_training_arguments(self, output_dir: str, **settings: Any) -> TrainingArguments:
         """The ``TrainingArguments`` of this section writing to ``output_dir``; ``settings`` replace fields.
         Transformers sets up devices, the distributed state and DeepSpeed while constructing it."""
-        values = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(TrainingArguments)
-                  if f.init}
+        values = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(TrainingArguments) if f.init}
         if values["data_seed"] is None:
             values["data_seed"] = self.seed
         if values["dataloader_pin_memory"] is None:  # PyTorch's own test before it warns (torch.utils.data)
@@ -416,8 +413,7 @@ def parse_section(cls: type[_Section], values: Any, prefix: str = "") -> _Sectio
     Scalars are parsed as the command-line arguments ``--key=value`` (lists of scalars for list fields as
     ``--key v1 v2``); null, other lists, mappings and built sections are taken as they are where the field's type
     admits them. Unknown keys, missing required keys and values that do not parse raise :class:`RecipeError` naming
-    the dotted key (``prefix`` is the section's name); the dataclass's ``__post_init__`` checks the rest.
-    """
+    the dotted key (``prefix`` is the section's name); the dataclass's ``__post_init__`` checks the rest."""
     where = prefix or "the recipe"
     if not isinstance(values, dict):
         raise RecipeError(f"{where} must be a mapping, got {type(values).__name__} ({values!r}).")

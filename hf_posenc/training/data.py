@@ -11,11 +11,10 @@ Two packings (``data.packing``):
   ids when no attention mask is passed; TAPA reads them directly. A document longer than the room left is split,
   and its continuation starts again at position 0 in the next window.
 
-Every step is a ``Dataset.map``/``filter`` cached by ``datasets`` under the input's fingerprint: a second build from
-the same corpus and tokenizer reuses the Arrow files, and the windows are memory-mapped, not held in RAM. Packing
-reads the whole token stream as one batch (4 bytes a token), so windows run on across batches as in one stream; the
-short tail is dropped. :func:`collate` makes the labels: the input ids but for masked positions (the model shifts
-them).
+Every step is a ``Dataset.map``/``filter`` cached by ``datasets`` under the input's fingerprint: a second build from the
+same corpus and tokenizer reuses the Arrow files, and the windows are memory-mapped, not held in RAM. Packing reads the
+whole token stream as one batch (4 bytes a token), so windows run on across batches as in one stream; the short tail is
+dropped. :func:`collate` makes the labels: the input ids but for masked positions (the model shifts them).
 """
 
 from __future__ import annotations

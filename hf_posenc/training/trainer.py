@@ -1,12 +1,11 @@
 """Run a recipe: load → patch → PEFT → pack data → HF Trainer → save adapter (+ merged) → evaluate.
 
-The same code runs on one device and under ``accelerate launch``/``torchrun`` (DDP, FSDP2, DeepSpeed ZeRO-3 with
-the configs in ``recipes/accelerate/``): Transformers' Trainer picks the distributed setup from the environment. A
-sharded run saves a gathered state dict, refuses an adapter that lacks a trainable weight, and merges and
-evaluates an unsharded copy on the main process; context parallelism is refused for TAPA and TAPE (see
-:mod:`hf_posenc.training.distributed`). A launch whose accelerate config sets ``parallelism_config_sp_size`` trains
-with the sequence split over the processes by DeepSpeed's Ulysses (:mod:`hf_posenc.training.sequence_parallel`),
-every scheme included; what cannot run that way is refused before any weight loads.
+The same code runs on one device and under ``accelerate launch``/``torchrun`` (DDP, FSDP2, DeepSpeed ZeRO-3 with the
+configs in ``recipes/accelerate/``): Transformers' Trainer picks the distributed setup from the environment. A sharded
+run saves a gathered state dict, refuses an adapter that lacks a trainable weight, and merges and evaluates an unsharded
+copy on the main process; context parallelism is refused for TAPA and TAPE (see :mod:`.distributed`). A launch whose
+accelerate config sets ``parallelism_config_sp_size`` trains with the sequence split over the processes by DeepSpeed's
+Ulysses (:mod:`.sequence_parallel`), every scheme included; what cannot run that way is refused before any weight loads.
 """
 
 from __future__ import annotations
@@ -214,8 +213,7 @@ class PosEncTrainer(Trainer):
     checkpoints hold an adapter as the run's final one is saved.
 
     The model runs its normal forward (so DDP/FSDP hooks fire) with ``logits_to_keep=1``; a hook on the final
-    norm captures the hidden states, and the cross-entropy over them is computed chunk by chunk.
-    """
+    norm captures the hidden states, and the cross-entropy over them is computed chunk by chunk."""
 
     def __init__(self, *args: Any, loss_implementation: str = "chunked", chunk_size: int = 1024,
                  causal_lm: torch.nn.Module | None = None, scheme_name: str | None = None,
@@ -575,8 +573,7 @@ def _reload_saved(recipe: Recipe, model_dir: Path) -> Any:
     if not recipe.peft.enabled:
         return load_model(model_dir)
     base = load_base_model(recipe)
-    patch_model(base, recipe.scheme_config(), replace=recipe.scheme.replace,
-                compose=recipe.scheme.compose)
+    patch_model(base, recipe.scheme_config(), replace=recipe.scheme.replace, compose=recipe.scheme.compose)
     return PeftModel.from_pretrained(base, model_dir)
 
 

@@ -1,10 +1,9 @@
 """p-RoPE (Barbero et al., ``prope-round-and-round-we-go.md`` §6.1, Appendix D ``apply_p_rope``).
 
-Keeps the fraction p of the highest RoPE frequencies and stops the rest from rotating:
-``rope_angles = int(p·d // 2)`` frequencies θ_i = b^(−2i/d) for i < rope_angles, and θ_i = 0 above (the
-timescale padded with +∞ in the paper's code). p = 1 is RoPE, p = 0 is NoPE. Transformers ships exactly this as
-the ``proportional`` rope type, which is what the patched config uses (the test suite checks it against the
-paper's algorithm).
+Keeps the fraction p of the highest RoPE frequencies and stops the rest from rotating: ``rope_angles = int(p·d // 2)``
+frequencies θ_i = b^(−2i/d) for i < rope_angles, and θ_i = 0 above (the timescale padded with +∞ in the paper's code).
+p = 1 is RoPE, p = 0 is NoPE. Transformers ships exactly this as the ``proportional`` rope type, which is what the
+patched config uses (the test suite checks it against the paper's algorithm).
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ from ..registry import register_scheme
 class RoPEConfig(FrequencySchemeConfig):
     """Standard RoPE, optionally with a new base θ and/or a standard scaling (see :class:`FrequencySchemeConfig`).
 
-    Without any option it keeps the model's frequencies exactly (useful as the recorded baseline).
-    """
+    Without any option it keeps the model's frequencies exactly (useful as the recorded baseline)."""
 
     name: ClassVar[str] = "rope"
     paper: ClassVar[str] = "RoFormer (Su et al., 2024); PI, NTK, YaRN, ABF baselines"

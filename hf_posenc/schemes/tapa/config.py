@@ -54,8 +54,7 @@ class TAPAConfig(SchemeConfig):
         if self.phase not in ("quadratic", "linear"):
             raise ValueError(f"tapa: phase must be 'quadratic' or 'linear', got {self.phase!r}.")
         if self.backend not in ("auto", "triton", "chunked", "reference"):
-            raise ValueError(
-                f"tapa: backend must be 'auto', 'triton', 'chunked' or 'reference', got {self.backend!r}.")
+            raise ValueError(f"tapa: backend must be 'auto', 'triton', 'chunked' or 'reference', got {self.backend!r}.")
 
     def model_refusal(self, model: Any) -> str | None:
         """TAPA is an ``AttentionInterface`` function: the model must compute attention through Transformers'

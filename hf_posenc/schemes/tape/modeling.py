@@ -47,8 +47,7 @@ class TapeBlock(nn.Module):
         """W_att = 0 exactly (as at init) and needs no gradient: eq. 7 adds W_att·Ẽ = 0, so Ẽ need not be computed.
 
         Read only where it is free: weights on the CPU (on an accelerator the test would stall the host on every
-        layer) outside torch.compile (a data-dependent branch). Elsewhere Ẽ is computed and multiplied by zero.
-        """
+        layer) outside torch.compile (a data-dependent branch). Elsewhere Ẽ is computed and multiplied by zero."""
         weight = head_map(self.attn_mix)
         return (weight.device.type == "cpu" and not torch.compiler.is_compiling()
                 and not (torch.is_grad_enabled() and weight.requires_grad) and not bool(weight.any()))
@@ -70,8 +69,7 @@ def mix_heads(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
 
     With few source heads in fp32, J broadcast multiply-adds: matmul computes this as thousands of tiny
     [K, J]·[J, D] products (or a GEMM J deep), several times slower on CPU (1024 tokens, 2×2 heads: 1.0 ms against
-    0.14 ms). Half-precision inputs keep matmul, which accumulates in fp32 and rounds once.
-    """
+    0.14 ms). Half-precision inputs keep matmul, which accumulates in fp32 and rounds once."""
     if weight.dim() < 2 or x.dim() < 2 or weight.shape[-1] != x.shape[-2]:
         raise ValueError(f"mix_heads: weight [..., K, J] must have J = x's head axis (x [..., J, D]); got weight "
                          f"{list(weight.shape)} and x {list(x.shape)}")
@@ -87,8 +85,7 @@ def head_map(linear: nn.Module) -> torch.Tensor:
     """The weight matrix of one of a block's head maps (W_att, W₁, W₂), applied directly to the head axis.
 
     The maps are trained whole (PEFT ``modules_to_save=["tape"]``). An adapter layer wrapped around one (LoRA with
-    ``target_modules="all-linear"``) would be bypassed by reading the weight, so it is refused.
-    """
+    ``target_modules="all-linear"``) would be bypassed by reading the weight, so it is refused."""
     if not isinstance(linear, nn.Linear):
         raise TypeError(f"tape: the head maps of a TapeBlock must stay plain nn.Linear layers, got "
                         f"{type(linear).__name__}; keep them out of LoRA's target_modules (train them whole with "
@@ -122,8 +119,7 @@ class TapeLayerMixin:
     layer reads them, and the hidden features alone from the last layer. Transformers records element 0 of a
     layer's output as its hidden state, so ``output_hidden_states=True`` returns hidden features only; the states
     are read with :func:`record_tape_states`. ``__call__`` hands both tensors to ``forward`` as positional
-    arguments, so gradient checkpointing (reentrant or not) tracks both and every TAPE parameter gets its gradient.
-    """
+    arguments, so gradient checkpointing (reentrant or not) tracks both and every TAPE parameter gets its gradient."""
 
     def __call__(self, hidden_states, *args, **kwargs):
         if isinstance(hidden_states, tuple):  # (hidden, states) from the previous layer

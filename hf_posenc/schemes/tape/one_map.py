@@ -24,12 +24,10 @@ def attend_values_and_states(query: torch.Tensor, key: torch.Tensor, values_and_
                              attention_mask: torch.Tensor | None, scaling: float, causal: bool) -> torch.Tensor:
     """``softmax(QKᵀ·scaling + mask)·[V | E]`` (eqs. 6-7 with one map), blocked over query rows.
 
-    query [B, Hq, Lq, D]; key [B, Hkv, Lk, D]; values_and_states [V | E] [B, Hkv, Lk, Dv], Hq a multiple of Hkv
-    (query head h reads key/value head h // (Hq / Hkv)). attention_mask: None, boolean (True = attend) or additive,
-    broadcastable to [B, Hq, Lq, Lk]. ``causal`` (only without a mask): query i attends keys 0..i, Lq == Lk.
-    Rows that attend no key come out zero, as from SDPA. Returns [B, Lq, Hq, Dv], the layout of an attention
-    function's output.
-    """
+    query [B, Hq, Lq, D]; key [B, Hkv, Lk, D]; values_and_states [V | E] [B, Hkv, Lk, Dv], Hq a multiple of Hkv (query
+    head h reads key/value head h // (Hq / Hkv)). attention_mask: None, boolean (True = attend) or additive,
+    broadcastable to [B, Hq, Lq, Lk]. ``causal`` (only without a mask): query i attends keys 0..i, Lq == Lk. Rows that
+    attend no key come out zero, as from SDPA. Returns [B, Lq, Hq, Dv], the layout of an attention function's output."""
     b, hq, lq, d = query.shape
     hkv, lk = key.shape[1], key.shape[2]
     if hq % hkv or values_and_states.shape[:3] != key.shape[:3] or key.shape[-1] != d:
