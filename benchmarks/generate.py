@@ -9,7 +9,8 @@ a user sees it). Two modes:
 * ``static``: ``generate(..., cache_implementation="static", compile_config=CompileConfig(...))``, Transformers 5's
   documented automatic compilation: it ``torch.compile``s the model's forward for the decoding steps (the prefill
   runs uncompiled) with ``CompileConfig``'s defaults (Inductor, mode "reduce-overhead", i.e. CUDA graphs where the
-  graph allows them; TAPA's and TAPE's attention is one opaque op there, tagged unsafe for CUDA graphs). On CPU
+  graph allows them; TAPA's and TAPE's attention is one opaque op there, which in a decoding step reads nothing on
+  the host and is left inside the CUDA graphs: `cudagraph_skips` 0 says they captured it). On CPU
   Transformers compiles only when asked (``CompileConfig._compile_all_devices``, its testing switch), which the
   smoke run sets.
 

@@ -11,7 +11,8 @@ Triton kernels on CUDA) and TAPE (``backend="triton"``: the fused kernel), in fl
 - greedy ``generate`` with ``cache_implementation="static"`` (on CUDA Transformers compiles the forward for it:
   torch.compile's Inductor then compiles the Triton kernels itself) against the dynamic cache: equal tokens in
   float32 (reported in bfloat16, where compiled and eager rounding may part at a near tie), no graph break in
-  the compiled step (hf-posenc's attention is one opaque op there), the number of graphs compiled, and warm
+  the compiled step (hf-posenc's attention is one opaque op there), the number of graphs compiled, the CUDA-graph
+  partitions Inductor skipped (0 when the decoding step's attention is captured in its CUDA graphs), and warm
   wall times of both (median of 3 calls; 16 new tokens, batch 2);
 - one backward pass: the gradients of the q/k/v projection weights against the readable path.
 
@@ -112,6 +113,8 @@ def check(scheme: str, dtype: torch.dtype) -> dict:
         static = fast.generate(ids[:, :PROMPT], cache_implementation="static", **kw)[:, PROMPT:]
         row["generate_compiled_graphs"] = counters["stats"]["unique_graphs"]
         row["generate_graph_breaks"] = sum(counters["graph_break"].values())
+        # CUDA-graph partitions Inductor skipped (0: the attention ops were captured with the rest of the step)
+        row["generate_cudagraph_skips"] = int(counters["inductor"].get("cudagraph_skips", 0))
         dynamic = fast.generate(ids[:, :PROMPT], **kw)[:, PROMPT:]
         row["generate_static_equals_dynamic"] = bool(torch.equal(static, dynamic))
         row["generate_tokens_equal"] = float((static == dynamic).float().mean())

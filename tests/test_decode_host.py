@@ -310,3 +310,37 @@ def test_a_decode_step_reads_the_mask_on_the_host_once(monkeypatch, scheme, stat
                   past_key_values=out.past_key_values, use_cache=True)
     reads = count.names.count("aten.stack.default" if static else "aten.all.default")
     assert reads == 1, collections.Counter(count.names)
+
+
+@pytest.mark.parametrize("scheme", ["tapa", "tape"])
+def test_a_compiled_decoding_step_reads_nothing_on_the_host(monkeypatch, scheme):
+    """What a CUDA graph captures must read nothing on the host and launch the same kernels at every step: the op
+    of a compiled decoding step (all slots of a static cache: `masks.every_slot`) runs on meta tensors, which have
+    no data to read, through its sm_90 plan; the op that reads the written slots on the host cannot, and only it
+    is tagged unsafe for CUDA graphs."""
+    from hf_posenc.schemes.tapa.attention import tapa_attend, tapa_attend_every_slot
+    from hf_posenc.schemes.tape.attention import tape_fused_attend, tape_fused_attend_every_slot
+
+    launches: list[str] = []
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # the ops' device checks take the meta tensors
+    monkeypatch.setattr(LaunchSpec, "launch", lambda self: launches.append(self.name))
+    monkeypatch.setattr(Target, "of", classmethod(lambda cls, t: Target.gpu(90)))
+    B, H, Hkv, L, D = 2, 8, 2, 300, 64
+    meta = dict(device="meta", dtype=torch.bfloat16)
+    q, k = torch.empty(B, H, 1, D, **meta), torch.empty(B, Hkv, L, D, **meta)
+    v = torch.empty(B, Hkv, L, 2 * D if scheme == "tape" else D, **meta)  # TAPE's values are [V | E]
+    states = torch.empty(B, L, dtype=torch.int8, device="meta")  # a static cache's key states
+    position_ids = torch.empty(B, 1, dtype=torch.long, device="meta")
+    if scheme == "tapa":
+        args = (q, k, v, states, position_ids, 0.1, 0.5, "quadratic", "triton", None)
+        safe, reading = tapa_attend_every_slot, tapa_attend
+    else:
+        args = (q, k, v, states, position_ids, None)
+        safe, reading = tape_fused_attend_every_slot, tape_fused_attend
+    with torch.no_grad():
+        out = safe(*args)
+        assert out.shape == (B, 1, H, v.shape[-1]) and launches == [f"{scheme}_decode", "split_combine"]
+        with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+            reading(*args)
+    unsafe = torch._C.Tag.cudagraph_unsafe
+    assert unsafe not in safe.op._opoverload.tags and unsafe in reading.op._opoverload.tags

@@ -96,12 +96,16 @@ def test_static_cache_with_a_left_padded_batch_equals_the_dynamic_cache(scheme):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("scheme", ["tapa", "tape-triton"])
-def test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_cache(scheme):
+@pytest.mark.parametrize("scheme", ["tapa", "tapa-triton", "tape-triton"])
+def test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_cache(monkeypatch, scheme):
     """What ``generate(cache_implementation="static")`` compiles on CUDA (torch.compile of the decoding step), forced
-    on CPU: the whole step is one graph (``fullgraph=True`` raises on any graph break; the number of written slots
-    is read inside the opaque attention op, not by the traced code), it is traced once for every decoding step
-    (no recompilation as the cache fills), and it generates the dynamic cache's tokens on a left-padded batch."""
+    on CPU: the whole step is one graph (``fullgraph=True`` raises on any graph break; the attention is one opaque
+    op), it is traced once for every decoding step (no recompilation as the cache fills), its attention reads every
+    slot of the cache (``every_slot``: no host read, so a CUDA graph captures it) where the uncompiled prefill reads
+    the written ones, and it generates the dynamic cache's tokens on a left-padded batch."""
+    import collections
+    import importlib
+
     from torch._dynamo.utils import counters
     from transformers.generation import CompileConfig
 
@@ -110,22 +114,32 @@ def test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_ca
     mask = torch.ones_like(ids)
     mask[1, :3] = 0
     kw = dict(attention_mask=mask, max_new_tokens=3 if scheme.endswith("-triton") else NEW, do_sample=False,
-              pad_token_id=0, eos_token_id=None)
+              pad_token_id=0, eos_token_id=None, output_logits=True, return_dict_in_generate=True)
     dynamic = model.generate(ids, **kw)
     config = CompileConfig(fullgraph=True, mode="default")
     config._compile_all_devices = True  # Transformers compiles on CPU only when asked (its testing switch)
+    calls = collections.Counter()
+    module = importlib.import_module(f"hf_posenc.schemes.{scheme.removesuffix('-triton')}.attention")
+    for name in ("every_slot", "written_keys"):
+        monkeypatch.setattr(module, name, lambda *a, n=name, f=getattr(module, name): (calls.update([n]), f(*a))[1])
     torch._dynamo.reset()
     counters.clear()
     static = model.generate(ids, cache_implementation="static", compile_config=config, **kw)
     assert counters["stats"]["unique_graphs"] == 1, dict(counters["stats"])
     assert not counters["graph_break"]
-    assert torch.equal(static, dynamic)
+    layers = model.config.num_hidden_layers
+    assert calls == {"written_keys": layers, "every_slot": layers * (kw["max_new_tokens"] - 1)}, calls
+    assert torch.equal(static.sequences, dynamic.sequences)
+    for a, b in zip(static.logits, dynamic.logits):  # fp32 (Triton) or float64, compiled or not: rounding apart
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
 def test_static_cache_key_states_mark_padding_and_unwritten_slots():
     """The mask of a static cache's slots (a tensor ``q_offset``): real, padding and unwritten keys, built without
-    reading the offset on the host; ``written_keys`` keeps the written slots with their padding mask."""
-    from hf_posenc.schemes.masks import KEY_PADDING, KEY_REAL, KEY_UNWRITTEN, padding_mask, written_keys
+    reading the offset on the host; ``written_keys`` keeps the written slots with their padding mask, and
+    ``every_slot`` (a compiled decoding step: one query, no sliding window) all slots, the unwritten ones masked."""
+    from hf_posenc.schemes.masks import (KEY_PADDING, KEY_REAL, KEY_UNWRITTEN, every_slot, padding_mask,
+                                         reads_every_slot, written_keys)
 
     mask = torch.tensor([[0, 0, 1, 1, 1], [1, 1, 1, 1, 1]])  # 4 past tokens and the current one
     states = padding_mask(2, 1, 8, q_offset=torch.tensor(4), attention_mask=mask)
@@ -137,5 +151,11 @@ def test_static_cache_key_states_mark_padding_and_unwritten_slots():
     key, value, padding = written_keys(k, k + 1, states)
     assert torch.equal(key, k[:, :, :5]) and torch.equal(value, k[:, :, :5] + 1)
     assert padding.tolist() == (mask == 1).tolist()
+    key, value, padding = every_slot(k, k + 1, states)
+    assert key is k and padding.tolist() == (states == r).tolist()
+    assert reads_every_slot(1, 8, states) and reads_every_slot(1, 5, padding[:, :5]) and reads_every_slot(1, 5, None)
+    # queries but the last would see the slots after them (causality by index), a window would count the empty
+    # slots, and equal lengths without a mask are searched for packed documents on the host
+    assert not (reads_every_slot(2, 8, states) or reads_every_slot(1, 8, states, 4) or reads_every_slot(5, 5, None))
     with pytest.raises(ValueError, match="pass the mask of every past and current token"):
         padding_mask(2, 1, 8, q_offset=torch.tensor(5), attention_mask=mask)

@@ -1,6 +1,7 @@
-"""What ``torch.compile`` sees of the attention schemes that read the host (TAPA, TAPE's fused kernel): their
-attention body after the mask as one opaque custom op, used while compiling a forward without gradients
-(compiled static-cache ``generate``)."""
+"""What ``torch.compile`` sees of the attention schemes that plan their kernels on the host (TAPA, TAPE's fused
+kernel): their attention body after the mask as one opaque custom op, used while compiling a forward without
+gradients (compiled static-cache ``generate``): a CUDA-graph-safe one for decoding steps, which reads every slot of
+the cache (``masks.every_slot``), and one that reads the host for the rest (``masks.written_keys``)."""
 
 from __future__ import annotations
 
@@ -11,22 +12,25 @@ from typing import Callable
 import torch
 
 
-def opaque_op(name: str, fake: Callable[..., torch.Tensor]) -> Callable[[Callable], Callable]:
+def opaque_op(name: str, fake: Callable[..., torch.Tensor], graph_safe: bool = False
+              ) -> Callable[[Callable], Callable]:
     """Decorator: the attention body after the mask, as a custom op that ``torch.compile`` calls as one opaque
     node (what a compiled static-cache ``generate`` runs), with ``fake`` giving its output's shape.
 
-    The body reads the number of written slots on the host (``masks.written_keys``) and plans kernel launches from
-    the sizes; traced, that would break the graph and recompile at every decoding step. As an op it is one call
-    whose output shape does not depend on the data. It is tagged unsafe for CUDA graphs (it reads the host), so
-    Inductor leaves it outside the graphs it captures. The op's name carries the defining module, so the
-    installed package and a checkpoint's remote code (a copy of these modules) register distinct ops. The
-    decorated function stays a plain function; callers use ``fn.op`` where they need the op.
+    The body plans kernel launches from the sizes; traced, that would break the graph. As an op it is one call
+    whose output shape does not depend on the data. A body that reads the host (``masks.written_keys``) is tagged
+    unsafe for CUDA graphs, so Inductor leaves it outside the graphs it captures; ``graph_safe=True`` declares a
+    body that reads nothing on the host and launches the same kernels for the same shapes, which a CUDA graph
+    captures with the rest of the decoding step (mode "reduce-overhead"). The op's name carries the defining
+    module, so the installed package and a checkpoint's remote code (a copy of these modules) register distinct
+    ops. The decorated function stays a plain function; callers use ``fn.op`` where they need the op.
     """
     def wrap(fn: Callable) -> Callable:
         base = name + "_" + re.sub(r"\W", "_", fn.__module__)
         qualified = next(f"hf_posenc::{base}{n or ''}" for n in itertools.count()  # a reloaded module: a new op
                          if not hasattr(torch.ops.hf_posenc, f"{base}{n or ''}"))
-        tags = (torch._C.Tag.cudagraph_unsafe,) if hasattr(torch._C.Tag, "cudagraph_unsafe") else ()
+        unsafe = hasattr(torch._C.Tag, "cudagraph_unsafe") and not graph_safe
+        tags = (torch._C.Tag.cudagraph_unsafe,) if unsafe else ()
         op = torch.library.custom_op(qualified, fn, mutates_args=(), tags=tags)
         op.register_fake(fake)
         fn.op = op

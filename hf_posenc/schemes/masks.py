@@ -2,7 +2,8 @@
 attention (TAPA, TAPE's fused kernel): Transformers hands them only the 2-D key padding mask of the written keys.
 
 :func:`padding_mask` is registered with ``AttentionMaskInterface`` under each such scheme's attention name;
-:func:`written_keys` is what their attention functions call first.
+:func:`written_keys` (or, in a compiled decoding step, :func:`every_slot`) is what their attention functions call
+first.
 """
 
 from __future__ import annotations
@@ -85,15 +86,43 @@ def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.T
     """
     if attention_mask is None:
         return key, value, None
-    if attention_mask.dim() != 2:
-        raise ValueError("got a 4-D attention mask; this attention builds its own mask from the 2-D padding mask.")
-    written, padded = read_once(attention_mask)
+    written, padded = read_once(_two_d(attention_mask))
     if attention_mask.dtype == torch.int8:  # a static cache's key states; unwritten slots are never padding
         attention_mask = attention_mask[:, :written] == KEY_REAL
     if written > key.shape[2]:
         raise ValueError(f"the padding mask covers {written} keys but attention received {key.shape[2]}.")
     key, value = key[:, :, :written], value[:, :, :written]
     return key, value, attention_mask if padded else None
+
+
+def reads_every_slot(q_len: int, kv_len: int, attention_mask: torch.Tensor | None,
+                     sliding_window: int | None = None) -> bool:
+    """True where :func:`every_slot` gives the keys :func:`written_keys` gives, up to unwritten slots masked as
+    padding, with no host read: a decoding step (one query) of a static cache's key states (without a sliding
+    window: its indices would count the unwritten slots), any bool mask, and no mask with a cache (without one,
+    the attention looks for packed documents in the position ids on the host)."""
+    if attention_mask is None:
+        return q_len < kv_len
+    return attention_mask.dtype != torch.int8 or (q_len == 1 and sliding_window is None)
+
+
+def every_slot(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Tensor | None
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """:func:`written_keys` without reading the host (a CUDA graph captures it), where :func:`reads_every_slot`:
+    a static cache's slots all, the unwritten ones masked as padding (the one query is the last written key and
+    causality by index hides nothing written from it); a bool mask kept whether or not it masks any key."""
+    if attention_mask is None:
+        return key, value, None
+    if _two_d(attention_mask).dtype == torch.int8:
+        return key, value, attention_mask == KEY_REAL
+    written = attention_mask.shape[-1]
+    return key[:, :, :written], value[:, :, :written], attention_mask
+
+
+def _two_d(attention_mask: torch.Tensor) -> torch.Tensor:
+    if attention_mask.dim() != 2:
+        raise ValueError("got a 4-D attention mask; this attention builds its own mask from the 2-D padding mask.")
+    return attention_mask
 
 
 def read_once(attention_mask: torch.Tensor) -> tuple[int, bool]:

@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from ..compiled import compiled_inference, opaque_op
-from ..masks import written_keys
+from ..masks import every_slot, reads_every_slot, written_keys
 from ..precision import autocast_inputs
 
 
@@ -42,7 +42,11 @@ def tapa_attention_forward(
     if softcap is not None:
         raise ValueError("tapa: attention-logit soft-capping (Gemma2) does not apply to TAPA scores; set "
                          "config.attn_logit_softcapping = None before patching.")
-    attend = tapa_attend.op if compiled_inference() else tapa_attend
+    attend = tapa_attend
+    if compiled_inference():  # a decoding step reads every slot (no host read: a CUDA graph captures it)
+        every = options["backend"] != "chunked" and reads_every_slot(query.shape[2], key.shape[2], attention_mask,
+                                                                       sliding_window)  # chunked: host reads
+        attend = (tapa_attend_every_slot if every else tapa_attend).op
     query, key, value = autocast_inputs(query, key, value)  # as autocast casts SDPA's inputs
     out = attend(query, key, value, attention_mask, position_ids, float(options["alpha"]), float(options["theta"]),
                  options["phase"], options["backend"], sliding_window)
@@ -58,9 +62,23 @@ def tapa_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, att
                 position_ids: torch.Tensor | None, alpha: float, theta: float, phase: str, backend: str,
                 sliding_window: int | None) -> torch.Tensor:
     """Eq. 12 over the written keys, with positions from the position ids; returns [B, Lq, H, D]."""
+    return _attend(written_keys(key, value, attention_mask), query, attention_mask, position_ids, alpha, theta,
+                   phase, backend, sliding_window)
+
+
+@opaque_op("tapa_attend_every_slot", _attended, graph_safe=True)
+def tapa_attend_every_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                           attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None, alpha: float,
+                           theta: float, phase: str, backend: str, sliding_window: int | None) -> torch.Tensor:
+    """:func:`tapa_attend` over :func:`~..masks.every_slot` (``reads_every_slot``): no host read."""
+    return _attend(every_slot(key, value, attention_mask), query, attention_mask, position_ids, alpha, theta,
+                   phase, backend, sliding_window)
+
+
+def _attend(keys, query, attention_mask, position_ids, alpha, theta, phase, backend, sliding_window):
     from transformers.masking_utils import find_packed_sequence_indices
 
-    key, value, key_padding = written_keys(key, value, attention_mask)
+    key, value, key_padding = keys
     batch, _, q_len, _ = query.shape
     kv_len = key.shape[2]
     q_pos, k_pos = _positions(position_ids, key_padding, batch, q_len, kv_len, query.device)

@@ -10,7 +10,7 @@ from torch import nn
 
 from ...upstream import attn_implementation, family_eager_attention
 from ..compiled import compiled_inference, opaque_op
-from ..masks import written_keys
+from ..masks import every_slot, reads_every_slot, written_keys
 from ..precision import autocast_inputs
 from .one_map import attend_values_and_states
 
@@ -171,7 +171,10 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
                          "this model.")
     if dropout and module.training:
         raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
-    attend = tape_fused_attend.op if compiled_inference() else tape_fused_attend
+    attend = tape_fused_attend
+    if compiled_inference():  # a decoding step reads every slot (no host read: a CUDA graph captures it)
+        attend = (tape_fused_attend_every_slot if reads_every_slot(query.shape[2], key.shape[2], attention_mask)
+                  else tape_fused_attend).op
     query, key, value = autocast_inputs(query, key, value)  # as autocast casts SDPA's inputs
     return attend(query, key, value, attention_mask, position_ids, scaling), None
 
@@ -185,13 +188,25 @@ def tape_fused_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
                       attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
                       scaling: float | None) -> torch.Tensor:
     """[O | Ẽ] (eqs. 6-7) over the written keys through the fused kernel; returns [B, Lq, H, D + De]."""
+    return _fused(written_keys, query, key, value, attention_mask, position_ids, scaling)
+
+
+@opaque_op("tape_fused_attend_every_slot", _attended, graph_safe=True)
+def tape_fused_attend_every_slot(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                                 attention_mask: torch.Tensor | None, position_ids: torch.Tensor | None,
+                                 scaling: float | None) -> torch.Tensor:
+    """:func:`tape_fused_attend` over :func:`~..masks.every_slot` (``reads_every_slot``): no host read."""
+    return _fused(every_slot, query, key, value, attention_mask, position_ids, scaling)
+
+
+def _fused(keys, query, key, value, attention_mask, position_ids, scaling):
     try:  # remote code bundles no Triton kernels: it runs without this import
         from ...kernels.tape import tape_attention as fused
     except ImportError as exc:
         raise ImportError("tape: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`); "
                           "or patch with backend='auto'.") from exc
     packed = attention_mask is None  # Transformers' rule: jumps in position ids mean packed documents only then
-    key, value, key_padding = written_keys(key, value, attention_mask)  # static caches: written slots only
+    key, value, key_padding = keys(key, value, attention_mask)
     if packed and position_ids is not None and query.shape[2] == key.shape[2] and position_ids.shape[-1] > 1:
         pos = position_ids.expand(query.shape[0], -1)
         steps = pos[:, 1:] - pos[:, :-1]
