@@ -478,18 +478,25 @@ MUTATIONS: tuple[Mutation, ...] = (
     ),
     # -- static caches under torch.compile --------------------------------------------------------------------------
     Mutation(
-        "tapa-attention-traced-in-compiled-generation", "hf_posenc/schemes/tapa/attention.py",
-        "    if compiled_inference():  # a decoding step",
-        "    if False:  # a decoding step",
+        "tapa-attention-traced-in-compiled-generation", "hf_posenc/schemes/compiled.py",
+        "    if not compiled_inference():\n        return plain\n",
+        "    if True:\n        return plain\n",
         ("tests/test_static_cache.py::test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_cache[tapa]",),
         "compiled generation: the attention stays one opaque op (its launch planning would break the graph)",
     ),
     Mutation(
         "compiled-decoding-reads-the-written-slots", "hf_posenc/schemes/tape/attention.py",
-        "attend = (tape_fused_attend_every_slot if reads_every_slot(",
-        "attend = (tape_fused_attend if reads_every_slot(",
+        "attention_call(tape_fused_attend, tape_fused_attend_every_slot,",
+        "attention_call(tape_fused_attend, None,",
         ("tests/test_static_cache.py::test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_cache[tape-triton]",),
         "a compiled decoding step reads every slot (no host read), so that a CUDA graph captures its attention",
+    ),
+    Mutation(
+        "tapa-chunked-backend-called-graph-safe", "hf_posenc/schemes/tapa/attention.py",
+        'every = None if options["backend"] == "chunked" else',
+        'every = None if False else',
+        ("tests/test_static_cache.py::test_compiled_attention_calls_the_graph_safe_op_only_where_every_slot_is_exact",),
+        "TAPA's chunked path reads the host: a CUDA graph must not capture it",
     ),
     Mutation(
         "every-slot-reads-the-host", "hf_posenc/schemes/masks.py",

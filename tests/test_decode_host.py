@@ -340,7 +340,7 @@ def test_a_compiled_decoding_step_reads_nothing_on_the_host(monkeypatch, scheme)
     with torch.no_grad():
         out = safe(*args)
         assert out.shape == (B, 1, H, v.shape[-1]) and launches == [f"{scheme}_decode", "split_combine"]
-        with pytest.raises((RuntimeError, NotImplementedError), match="meta"):
+        with pytest.raises(NotImplementedError, match="Cannot copy out of meta tensor"):  # its host read
             reading(*args)
     unsafe = torch._C.Tag.cudagraph_unsafe
     assert unsafe not in safe.op._opoverload.tags and unsafe in reading.op._opoverload.tags

@@ -134,6 +134,37 @@ def test_compiled_static_cache_generation_is_one_graph_and_equals_the_dynamic_ca
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
 
 
+def test_compiled_attention_calls_the_graph_safe_op_only_where_every_slot_is_exact(monkeypatch):
+    """`compiled.attention_call`: the plain function eagerly; compiling without gradients, the op that reads every
+    slot where `reads_every_slot` holds and a backend has one (TAPA's chunked path reads the host: None), else the
+    op that reads the written slots."""
+    from hf_posenc.schemes import compiled
+    from hf_posenc.schemes.tapa.attention import tapa_attend as plain, tapa_attend_every_slot as every
+
+    states = torch.zeros(2, 8, dtype=torch.int8)
+    assert compiled.attention_call(plain, every, 1, 8, states) is plain  # not compiling
+    monkeypatch.setattr(compiled, "compiled_inference", lambda: True)
+    assert compiled.attention_call(plain, every, 1, 8, states) is every.op
+    assert compiled.attention_call(plain, None, 1, 8, states) is plain.op
+    assert compiled.attention_call(plain, every, 2, 8, states) is plain.op
+    assert compiled.attention_call(plain, every, 1, 8, states, sliding_window=4) is plain.op
+    # TAPA's attention function hands its chunked backend no graph-safe op, the others their own
+    from types import SimpleNamespace
+
+    from hf_posenc.schemes.tapa import attention as tapa
+
+    calls = []
+    for name in ("every_slot", "written_keys"):
+        monkeypatch.setattr(tapa, name, lambda *a, n=name, f=getattr(tapa, name): (calls.append(n), f(*a))[1])
+    q, k = torch.randn(1, 2, 1, 8), torch.randn(1, 2, 5, 8)
+    states = torch.tensor([[1, 1, 1, 1, -1]], dtype=torch.int8)
+    for backend in ("chunked", "reference"):
+        options = dict(alpha=0.1, theta=0.5, phase="quadratic", backend=backend)
+        module = SimpleNamespace(config=SimpleNamespace(hf_posenc={"options": options}), training=False)
+        tapa.tapa_attention_forward(module, q, k, k, states, position_ids=torch.tensor([[3]]))
+    assert calls == ["written_keys", "every_slot"]
+
+
 def test_static_cache_key_states_mark_padding_and_unwritten_slots():
     """The mask of a static cache's slots (a tensor ``q_offset``): real, padding and unwritten keys, built without
     reading the offset on the host; ``written_keys`` keeps the written slots with their padding mask, and
@@ -153,6 +184,10 @@ def test_static_cache_key_states_mark_padding_and_unwritten_slots():
     assert padding.tolist() == (mask == 1).tolist()
     key, value, padding = every_slot(k, k + 1, states)
     assert key is k and padding.tolist() == (states == r).tolist()
+    with pytest.raises(ValueError, match="covers 9 keys but attention received 8"):
+        every_slot(k, k, torch.ones(2, 9, dtype=torch.bool))
+    with pytest.raises(ValueError, match="4-D attention mask"):
+        every_slot(k, k, torch.ones(2, 1, 1, 8, dtype=torch.bool))
     assert reads_every_slot(1, 8, states) and reads_every_slot(1, 5, padding[:, :5]) and reads_every_slot(1, 5, None)
     # queries but the last would see the slots after them (causality by index), a window would count the empty
     # slots, and equal lengths without a mask are searched for packed documents on the host

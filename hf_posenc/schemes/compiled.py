@@ -11,6 +11,8 @@ from typing import Callable
 
 import torch
 
+from .masks import reads_every_slot
+
 
 def opaque_op(name: str, fake: Callable[..., torch.Tensor], graph_safe: bool = False
               ) -> Callable[[Callable], Callable]:
@@ -37,6 +39,18 @@ def opaque_op(name: str, fake: Callable[..., torch.Tensor], graph_safe: bool = F
         return fn
 
     return wrap
+
+
+def attention_call(plain: Callable, every_slot: Callable | None, q_len: int, kv_len: int,
+                   attention_mask: torch.Tensor | None, sliding_window: int | None = None) -> Callable:
+    """What an attention function calls: ``plain`` (its body over the written keys) eagerly; while compiling a
+    forward without gradients, the op of ``every_slot`` (its body over ``masks.every_slot``, safe for CUDA graphs)
+    where ``masks.reads_every_slot`` holds, else ``plain``'s op. ``every_slot`` None: a backend that reads the
+    host itself."""
+    if not compiled_inference():
+        return plain
+    every = every_slot is not None and reads_every_slot(q_len, kv_len, attention_mask, sliding_window)
+    return (every_slot if every else plain).op
 
 
 def compiled_inference() -> bool:

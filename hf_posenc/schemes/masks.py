@@ -89,9 +89,7 @@ def written_keys(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.T
     written, padded = read_once(_two_d(attention_mask))
     if attention_mask.dtype == torch.int8:  # a static cache's key states; unwritten slots are never padding
         attention_mask = attention_mask[:, :written] == KEY_REAL
-    if written > key.shape[2]:
-        raise ValueError(f"the padding mask covers {written} keys but attention received {key.shape[2]}.")
-    key, value = key[:, :, :written], value[:, :, :written]
+    key, value = _first(written, key, value)
     return key, value, attention_mask if padded else None
 
 
@@ -115,8 +113,13 @@ def every_slot(key: torch.Tensor, value: torch.Tensor, attention_mask: torch.Ten
         return key, value, None
     if _two_d(attention_mask).dtype == torch.int8:
         return key, value, attention_mask == KEY_REAL
-    written = attention_mask.shape[-1]
-    return key[:, :, :written], value[:, :, :written], attention_mask
+    return *_first(attention_mask.shape[-1], key, value), attention_mask
+
+
+def _first(written: int, key: torch.Tensor, value: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if written > key.shape[2]:
+        raise ValueError(f"the padding mask covers {written} keys but attention received {key.shape[2]}.")
+    return key[:, :, :written], value[:, :, :written]
 
 
 def _two_d(attention_mask: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from ..compiled import compiled_inference, opaque_op
-from ..masks import every_slot, reads_every_slot, written_keys
+from ..compiled import attention_call, opaque_op
+from ..masks import every_slot, written_keys
 from ..precision import autocast_inputs
 
 
@@ -42,11 +42,8 @@ def tapa_attention_forward(
     if softcap is not None:
         raise ValueError("tapa: attention-logit soft-capping (Gemma2) does not apply to TAPA scores; set "
                          "config.attn_logit_softcapping = None before patching.")
-    attend = tapa_attend
-    if compiled_inference():  # a decoding step reads every slot (no host read: a CUDA graph captures it)
-        every = options["backend"] != "chunked" and reads_every_slot(query.shape[2], key.shape[2], attention_mask,
-                                                                       sliding_window)  # chunked: host reads
-        attend = (tapa_attend_every_slot if every else tapa_attend).op
+    every = None if options["backend"] == "chunked" else tapa_attend_every_slot  # the chunked path reads the host
+    attend = attention_call(tapa_attend, every, query.shape[2], key.shape[2], attention_mask, sliding_window)
     query, key, value = autocast_inputs(query, key, value)  # as autocast casts SDPA's inputs
     out = attend(query, key, value, attention_mask, position_ids, float(options["alpha"]), float(options["theta"]),
                  options["phase"], options["backend"], sliding_window)

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 from ...upstream import attn_implementation, family_eager_attention
-from ..compiled import compiled_inference, opaque_op
-from ..masks import every_slot, reads_every_slot, written_keys
+from ..compiled import attention_call, opaque_op
+from ..masks import every_slot, written_keys
 from ..precision import autocast_inputs
 from .one_map import attend_values_and_states
 
@@ -171,10 +171,8 @@ def tape_fused_attention_forward(module: nn.Module, query: torch.Tensor, key: to
                          "this model.")
     if dropout and module.training:
         raise ValueError("tape: the fused kernel has no attention dropout; set config.attention_dropout = 0.")
-    attend = tape_fused_attend
-    if compiled_inference():  # a decoding step reads every slot (no host read: a CUDA graph captures it)
-        attend = (tape_fused_attend_every_slot if reads_every_slot(query.shape[2], key.shape[2], attention_mask)
-                  else tape_fused_attend).op
+    attend = attention_call(tape_fused_attend, tape_fused_attend_every_slot, query.shape[2], key.shape[2],
+                            attention_mask)
     query, key, value = autocast_inputs(query, key, value)  # as autocast casts SDPA's inputs
     return attend(query, key, value, attention_mask, position_ids, scaling), None
 
