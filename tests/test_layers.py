@@ -75,14 +75,3 @@ def test_the_argument_parsers_importing_hf_posenc_break_their_contract(tmp_path)
     run = _lint(root)
     assert run.returncode == 1 and "hf_posenc_cli.arguments -> hf_posenc.record" in run.stdout, run.stdout
 
-
-# Issue #34's cap on the library's size: hf_posenc/ as it was when the scheme-rules refactor was asked for. Research
-# code (the miniature experiments) lives beside it in hf_posenc_experiments/, outside the cap.
-LIBRARY_LINE_CAP = 15_772
-
-
-def test_the_library_stays_within_its_line_budget():
-    lines = sum(len(p.read_text().splitlines(keepends=True)) for p in (ROOT / "hf_posenc").rglob("*.py"))
-    assert lines <= LIBRARY_LINE_CAP, (
-        f"hf_posenc/ holds {lines} lines of Python, over its cap of {LIBRARY_LINE_CAP}: simplify, share, or move "
-        "what is not the library (experiments, one-off scripts) out of hf_posenc/")
