@@ -26,38 +26,21 @@ from .gguf_export import export_gguf  # noqa: E402
 from .hub import push_to_hub  # noqa: E402
 from .models import load_model  # noqa: E402
 from . import remote_code  # noqa: E402,F401  (registers the remote-code writer of save_pretrained)
-from . import _moved_modules  # noqa: E402  (old module names kept for one release)
 
 __version__ = LIBRARY_VERSION
 
 
-def __getattr__(name: str):
-    if name == "ADAPTERS":  # the model-family table's name until 0.x; "adapter" now means only a PEFT adapter
-        import warnings
-
-        warnings.warn("hf_posenc.ADAPTERS is now hf_posenc.FAMILIES (the model families hf-posenc patches); the old "
-                      "name will be removed", FutureWarning, stacklevel=2)
-        return FAMILIES
-    if f"{__name__}.{name}" in _moved_modules.MOVED:  # hf_posenc.patches, hf_posenc.layers until 0.x
-        import importlib
-        import warnings
-
-        old = f"{__name__}.{name}"
-        warnings.warn(_moved_modules.message(old), FutureWarning, stacklevel=2)
-        return importlib.import_module(_moved_modules.MOVED[old])
-    raise AttributeError(f"module 'hf_posenc' has no attribute {name!r}")
-
-
 def _guard_peft() -> None:
-    """Make adapter loading (PEFT's and Transformers') refuse a base the adapter was not trained on; see
-    ``hf_posenc.adapters``. ``HF_POSENC_GUARD_PEFT=0`` opts out."""
+    """Make PEFT's and Transformers' adapter loading refuse a base the adapter was not trained on, their adapter
+    injection train a scheme's own modules, and their adapter saves write the adapter record; see
+    ``hf_posenc.adapters.guard``. ``HF_POSENC_GUARD_PEFT=0`` opts out."""
     import importlib.util
 
     if importlib.util.find_spec("peft") is not None:
-        from .adapters import guard_enabled_by_environment, guard_peft_loading
+        from .adapters import guard_enabled_by_environment, guard_peft
 
         if guard_enabled_by_environment():
-            guard_peft_loading()
+            guard_peft()
 
 
 _guard_peft()
