@@ -102,37 +102,6 @@ def test_export_stock_loads_without_hf_posenc_with_identical_logits(saved, tmp_p
         assert "auto_map" not in json.loads((d / "config.json").read_text())
 
 
-def test_tape_adapter_restores_on_a_base_loaded_any_way(tmp_path):
-    """The trained model and the reloaded one differ in ``requires_grad``, so CPU matmul may take another path
-    (about 2e-6 with peft 0.21): float32 tolerance there. Loading through the plugin or remote code is the same
-    computation as loading here, so those agree bit for bit."""
-    peft = pytest.importorskip("peft")
-    from transformers import AutoModelForCausalLM
-
-    from hf_posenc.adapters import lora_config, save_adapter
-
-    ids = random_ids(2, 30)
-    base = hf_posenc.patch_model(tiny_model("qwen3"), "tape")
-    base.save_pretrained(tmp_path / "base")
-    wrapped = peft.get_peft_model(base, lora_config(base, r=2))
-    for p in wrapped.parameters():
-        if p.requires_grad:
-            p.data.add_(torch.randn_like(p) * 0.2)
-    save_adapter(wrapped, tmp_path / "adapter")
-    with torch.no_grad():
-        trained = wrapped(ids).logits
-        reloaded = peft.PeftModel.from_pretrained(
-            AutoModelForCausalLM.from_pretrained(tmp_path / "base", attn_implementation="eager").eval(),
-            tmp_path / "adapter",
-        )(ids).logits
-    torch.testing.assert_close(reloaded, trained, rtol=1e-5, atol=1e-5)  # float32; dropped TAPE weights: > 1e-2
-    for mode in ("plugin", "remote"):
-        job = jobs_for([tmp_path / "base"], f"adapter-{mode}", adapter=str(tmp_path / "adapter"))
-        result = load_in_fresh_process(job, ids, tmp_path, mode)[job[0]["out"]]
-        assert "error" not in result, result
-        assert torch.equal(torch.load(job[0]["out"]), reloaded), mode
-
-
 def test_export_refuses_what_stock_transformers_cannot_express(tmp_path):
     with pytest.raises(ValueError, match="carries no hf-posenc scheme"):
         hf_posenc.export_stock(tiny_model("llama"), tmp_path / "a")
@@ -278,26 +247,106 @@ def _adapter_loaders():
             "hf_posenc.adapters.load_adapter": load_adapter, "PeftModel.load_adapter": _peft_load_adapter}
 
 
+def _hand_written_lora():
+    """A LoRA config as TRL's and PEFT's docs write one: no scheme modules named."""
+    from peft import LoraConfig
+
+    return LoraConfig(r=2, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"], task_type="CAUSAL_LM")
+
+
+def _wrap(base, writer):
+    """``base`` with a LoRA adapter, as ``writer`` builds it."""
+    import peft
+
+    from hf_posenc.adapters import lora_config
+
+    if writer in ("save_adapter", "hf-posenc train"):
+        return peft.get_peft_model(base, lora_config(base, r=2))
+    trains_own_modules = bool(hf_posenc.get_scheme(base).trainable_modules)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if writer == "PeftModel.save_pretrained":
+            wrapped = peft.get_peft_model(base, _hand_written_lora())
+        else:  # Transformers' own adapter API
+            base.add_adapter(_hand_written_lora())
+            wrapped = base
+    said = [str(w.message) for w in caught if "hf-posenc:" in str(w.message)]
+    assert len(said) == int(trains_own_modules), said  # once, and only where a module was left frozen
+    assert all("modules_to_save" in m and "exclude_modules=['tape']" in m for m in said)
+    return wrapped
+
+
 def _write_adapter(kind, writer, path):
     """Train-by-perturbation an adapter on the ``kind`` base and save it as ``writer`` does; returns its logits."""
-    peft = pytest.importorskip("peft")
-    from hf_posenc.adapters import lora_config, save_adapter
+    pytest.importorskip("peft")
+    from hf_posenc.adapters import save_adapter
     from hf_posenc.training.trainer import save_output
 
     base = ADAPTER_BASES[kind][0]()
-    wrapped = peft.get_peft_model(base, lora_config(base, r=2))
+    wrapped = _wrap(base, writer)
+    own = hf_posenc.get_scheme(base).trainable_modules
+    trained = [n for n, p in wrapped.named_parameters() if p.requires_grad]
+    assert all(any(f".{m}." in n for n in trained) for m in own), trained  # every scheme module trains
     for p in wrapped.parameters():
         if p.requires_grad:
             p.data.add_(torch.randn_like(p) * 0.2)
     if writer == "save_adapter":  # what hf_posenc.push_to_hub publishes
         save_adapter(wrapped, path)
-    else:  # what `hf-posenc train` saves
+    elif writer == "hf-posenc train":
         save_output(wrapped, path)
+    else:  # PEFT's or Transformers' own save (the Trainer's and TRL's save_model)
+        wrapped.save_pretrained(path)
     with torch.no_grad():
         return wrapped(random_ids(2, 20)).logits
 
 
-@pytest.mark.parametrize("writer", ["save_adapter", "hf-posenc train"])
+ADAPTER_WRITERS = ["save_adapter", "hf-posenc train", "PeftModel.save_pretrained", "model.add_adapter"]
+
+
+@pytest.mark.parametrize("r", [2, 0])
+def test_lora_config_trains_the_scheme_modules_itself(r):
+    """hf-posenc's own configs name the scheme's modules (with r=0 as with LoRA): wrapping needs no rescue."""
+    import peft
+
+    from hf_posenc.adapters import lora_config
+
+    base = _tape_over_cope()
+    config = lora_config(base, r=r)
+    assert config.modules_to_save == ["tape"]
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        peft.get_peft_model(base, config)
+    assert not [w for w in caught if "hf-posenc:" in str(w.message)]
+
+@pytest.mark.parametrize("how", ["lora_config(scheme_modules=False)", "exclude_modules", "loaded for inference"])
+def test_a_scheme_module_kept_frozen_on_purpose_stays_frozen_without_a_word(tmp_path, how):
+    """The scheme-module rule adds only what a config leaves frozen by omission: an ablation that excludes TAPE's
+    blocks, and an adapter loaded for inference, are left as they are."""
+    import peft
+
+    from hf_posenc.adapters import lora_config, save_adapter
+
+    base = _tape_over_cope()
+    if how == "lora_config(scheme_modules=False)":
+        config = lora_config(base, r=2, scheme_modules=False)
+    elif how == "exclude_modules":
+        config = _hand_written_lora()
+        config.exclude_modules = ["tape"]
+    else:
+        save_adapter(peft.get_peft_model(_tape_over_cope(), lora_config(_tape_over_cope(), r=2,
+                                                                        scheme_modules=False)), tmp_path / "a")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if how == "loaded for inference":
+            wrapped = peft.PeftModel.from_pretrained(base, tmp_path / "a")
+        else:
+            wrapped = peft.get_peft_model(base, config)
+    assert not [w for w in caught if "hf-posenc:" in str(w.message)]
+    assert not wrapped.peft_config["default"].modules_to_save
+    assert not [n for n, p in wrapped.named_parameters() if p.requires_grad and ".tape." in n]
+
+
+@pytest.mark.parametrize("writer", ADAPTER_WRITERS)
 @pytest.mark.parametrize("kind", list(ADAPTER_BASES))
 def test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_the_right_one(tmp_path, kind, writer):
     expected = _write_adapter(kind, writer, tmp_path / "adapter")
@@ -311,7 +360,7 @@ def test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_th
             state = {k: v.clone() for k, v in base.state_dict().items()}
             with pytest.raises(ValueError, match=match) as info:
                 load(base, tmp_path / "adapter")
-            assert "hf_posenc_adapter.json" not in str(info.value) and "unguard_peft_loading" in str(info.value)
+            assert "hf_posenc_adapter.json" not in str(info.value) and "unguard_peft" in str(info.value)
             assert not hasattr(base, "peft_config") or list(base.peft_config) == ["first"], (name, case)
             after = base.state_dict() if name != "PeftModel.load_adapter" else state  # first adapter's own layers
             assert after.keys() == state.keys() and all(torch.equal(after[k], state[k]) for k in state), (name, case)
@@ -324,7 +373,7 @@ def test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_th
 
 def test_loading_from_an_adapter_folder_and_the_opt_out(tmp_path, monkeypatch):
     """``AutoModelForCausalLM.from_pretrained(adapter_dir)`` loads the base it names, then the adapter, checked;
-    ``unguard_peft_loading`` (or HF_POSENC_GUARD_PEFT=0 at import) restores PEFT's unchecked loading."""
+    ``unguard_peft`` (or HF_POSENC_GUARD_PEFT=0 at import) restores PEFT's unchecked loading."""
     peft = pytest.importorskip("peft")
     from transformers import AutoModelForCausalLM
 
@@ -344,7 +393,7 @@ def test_loading_from_an_adapter_folder_and_the_opt_out(tmp_path, monkeypatch):
         got = AutoModelForCausalLM.from_pretrained(tmp_path / "adapter").eval()(random_ids(2, 20)).logits
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
-    adapters.unguard_peft_loading()
+    adapters.unguard_peft()
     try:
         assert not getattr(peft.PeftModel.from_pretrained.__func__, "_hf_posenc_guard", False)
         loaded = peft.PeftModel.from_pretrained(tiny_model("llama"), tmp_path / "adapter")  # wrong base, no word
@@ -359,7 +408,7 @@ def test_loading_from_an_adapter_folder_and_the_opt_out(tmp_path, monkeypatch):
         hf_posenc._guard_peft()
         assert peft.PeftModel.from_pretrained.__func__._hf_posenc_guard
     finally:
-        adapters.guard_peft_loading()
+        adapters.guard_peft()
     with pytest.raises(ValueError, match="base none"):
         peft.PeftModel.from_pretrained(tiny_model("llama"), tmp_path / "adapter")
 

@@ -175,12 +175,21 @@ class PosencModelMixin:
         return False
 
     def save_pretrained(self, save_directory: Any, *args: Any, **kwargs: Any) -> None:
-        """``save_pretrained`` plus the remote code (``auto_map``) that loads the checkpoint without hf-posenc.
+        """``save_pretrained`` plus the remote code (``auto_map``) that loads the checkpoint without hf-posenc; with
+        an adapter added (``model.add_adapter``), Transformers saves that adapter alone, and it gets its adapter
+        record instead (``hf_posenc.adapters``), as a ``PeftModel``'s save does.
 
         When this class itself came from remote code, Transformers copies those files again on its own."""
         super().save_pretrained(save_directory, *args, **kwargs)
+        if not kwargs.get("is_main_process", True):
+            return
+        if getattr(self, "_hf_peft_config_loaded", False):  # an adapter folder: no config.json, no model code
+            describe = PUBLISHERS.get("adapter_record")
+            if describe is not None:
+                describe(self, save_directory)
+            return
         write = PUBLISHERS.get("remote_code")
-        if write is not None and kwargs.get("is_main_process", True):
+        if write is not None:
             write(save_directory, self.config)
 
     def push_to_hub(self, repo_id: str, **kwargs: Any) -> Any:
@@ -206,15 +215,16 @@ class PosencModelMixin:
 # What the model classes publish beyond Transformers' own files, provided by the io layer, which registers it when
 # imported (``import hf_posenc`` imports ``hf_posenc.remote_code`` and ``hf_posenc.hub``), so this core module
 # never imports upwards: "remote_code" (directory, config) writes the remote-code files, "push_to_hub" (model,
-# repo_id, **options) publishes with the model card. A checkpoint's remote code has no io layer and leaves both
-# unset: its save_pretrained writes the checkpoint alone and push_to_hub is Transformers'.
+# repo_id, **options) publishes with the model card, "adapter_record" (model, directory) describes an adapter that
+# Transformers saved from a patched model (``hf_posenc.adapters``, imported with PEFT). A checkpoint's remote code has
+# no io layer and leaves them unset: its save_pretrained writes the checkpoint alone and push_to_hub is Transformers'.
 PUBLISHERS: dict[str, Callable[..., Any]] = {}
 
 
 def register_publisher(name: str, fn: Callable[..., Any]) -> None:
     """Provide one of the :data:`PUBLISHERS` (called by the io layer at import)."""
-    if name not in ("remote_code", "push_to_hub"):
-        raise ValueError(f"unknown publisher {name!r}; expected 'remote_code' or 'push_to_hub'")
+    if name not in ("remote_code", "push_to_hub", "adapter_record"):
+        raise ValueError(f"unknown publisher {name!r}; expected 'remote_code', 'push_to_hub' or 'adapter_record'")
     PUBLISHERS[name] = fn
 
 
