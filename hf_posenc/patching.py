@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -88,14 +89,95 @@ def check_not_an_export(config: Any, scheme: SchemeConfig) -> None:
     )
 
 
+@dataclass
+class _Patch:
+    """What a patch writes into the model, built and validated on a copy of its config before anything changes."""
+
+    rope_parameters: Any
+    record: dict[str, Any]
+    rotaries: list[tuple[nn.Module, str, nn.Module]]  # (parent, child name, the new rotary module)
+
+
+def _resolve_for_model(config: Any, scheme: SchemeConfig, original: Any) -> tuple[list[str | None], SchemeConfig]:
+    """The rope-parameter keys the scheme applies to (one per layer type; ``None`` for a single set) and the scheme
+    resolved for the model's width, after checking it fits every width it acts on. A frequency scheme counts over
+    the rotated frequency pairs (partial rotary rotates a fraction of a head); a scheme that splits whole heads
+    (SchemeConfig.whole_head: TAPA) over the head width."""
+    keys = rope_layer_keys(config, scheme.frequency_scheme().layers)
+    dims = [config_head_dim(config)] if scheme.whole_head else [
+        rotary_dim(config, original if k is None else original[k]) for k in keys
+    ]
+    for dim in dict.fromkeys(dims):
+        scheme.check_model(dim)
+    return keys, scheme.resolved(dims[0])
+
+
+def _carries_it_already(current: SchemeRecord | None, scheme: SchemeConfig, replace: bool) -> bool:
+    """Whether the model already carries exactly ``scheme`` (patching again changes nothing); refuses a model that
+    carries another scheme unless ``replace``."""
+    if current is None:
+        return False
+    if current.scheme == scheme:
+        return True
+    if not replace:
+        raise ValueError(
+            f"the model already carries scheme {current.scheme.name!r} ({current.scheme.to_dict()}); to switch "
+            f"it to {scheme.name!r} with options {scheme.to_dict()}, pass replace=True "
+            "(`hf-posenc patch --replace`, recipe `scheme.replace: true`)."
+        )
+    return False
+
+
+def _dry_run(model: nn.Module, family: Any, scheme: SchemeConfig, original: Any, keys: list[str | None]) -> _Patch:
+    """The new rope parameters, scheme record and rotary modules, validated on a copy of the config: everything
+    that can fail, before the model is touched."""
+    config = model.config
+    rope_parameters = scheme_rope_parameters(config, scheme, original, keys)
+    record = SchemeRecord(scheme, family.stock_model_type, original).to_dict()
+    candidate = copy.deepcopy(config)
+    candidate.__class__ = family.config_class
+    candidate.rope_parameters = rope_parameters
+    setattr(candidate, RECORD_KEY, record)
+    candidate.validate_rope()
+    with torch.no_grad():
+        rotaries = [(parent, name, _rebuild_rotary(old, candidate)) for parent, name, old in _rotary_modules(model)]
+    return _Patch(rope_parameters, record, rotaries)
+
+
+def _apply(model: nn.Module, family: Any, patch: _Patch, current: SchemeRecord | None, scheme: SchemeConfig) -> None:
+    """Write a dry-run patch into the model: its config (class, rope parameters, record), the rotary modules, the
+    model's class, the scheme's own modules (the previous scheme's taken out first) and its attention."""
+    config = model.config
+    previous_attn = required_attn_implementation(config)
+    config.__class__ = family.config_class
+    config.rope_parameters = patch.rope_parameters
+    setattr(config, RECORD_KEY, patch.record)
+    for parent, name, module in patch.rotaries:
+        module.config = config
+        setattr(parent, name, module)
+    if type(model) is family.stock_model_class:
+        model.__class__ = family.model_class
+    if current is not None:
+        current.scheme.uninstall(model)
+    scheme.install(model)
+    if scheme.attention_name() is not None:
+        model.set_attn_implementation(scheme.attention_name())
+    elif previous_attn is not None:
+        model.set_attn_implementation(None)
+
+
 def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: bool = False, compose: bool = False,
                 **options: Any) -> Any:
     """Switch ``model``'s positional encoding to ``scheme`` in place and return it.
 
     Args:
-        model: a loaded causal LM of a supported family (Llama, Qwen2, Qwen3, Gemma, Gemma2, Gemma3 text).
-        scheme: a scheme name (``"cope"``, ``"hardclip"``, ``"prope"``, ``"rope"``) or a scheme config
-            (``CoPEConfig(...)``, ...).
+        model: a loaded causal LM whose rotary embedding Transformers builds from ``ROPE_INIT_FUNCTIONS``: Llama,
+            Mistral, Qwen2, Qwen3, Gemma 1-3, Phi-3, OLMo, Granite, Cohere, DeepSeek and the other rotary model
+            types of the installed Transformers. Which schemes each model type takes (verified by the tests, or
+            refused with the reason) is the table in docs/families.md (``hf-posenc families`` prints it).
+        scheme: a scheme name from the registry (``hf_posenc.SCHEMES``): ``"cope"``, ``"hardclip"``, ``"prope"``,
+            ``"rope"`` (with PI, NTK, YaRN or ABF options), ``"tapa"``, ``"tape"``, or one registered with
+            ``register_scheme``; or a scheme config (``CoPEConfig(...)``, ...).
         replace: allow replacing a different scheme the model already carries (the new one is applied to the
             model's original frequencies, not on top of the old scheme).
         compose: allow patching a stock export of hf-posenc (``export_stock``'s output, refused by default), whose
@@ -112,61 +194,19 @@ def patch_model(model: Any, scheme: str | SchemeConfig = "cope", *, replace: boo
         check_not_an_export(config, config_scheme)
     family = family_for(config.model_type)
     check_scheme(family, config_scheme, model)
-    # A frequency scheme counts over the rotated frequency pairs (partial rotary rotates a fraction of a head); a
-    # scheme that splits whole heads (SchemeConfig.whole_head: TAPA) over the head width.
     current = scheme_record(config)
     original = copy.deepcopy(config.rope_parameters) if current is None else current.original_rope_parameters
-    keys = rope_layer_keys(config, config_scheme.frequency_scheme().layers)
-    dims = [config_head_dim(config)] if config_scheme.whole_head else [
-        rotary_dim(config, original if k is None else original[k]) for k in keys
-    ]
-    for dim in dict.fromkeys(dims):
-        config_scheme.check_model(dim)
-    config_scheme = config_scheme.resolved(dims[0])
-
-    if current is not None:
-        if current.scheme == config_scheme:
-            return model
-        if not replace:
-            raise ValueError(
-                f"the model already carries scheme {current.scheme.name!r} ({current.scheme.to_dict()}); to switch "
-                f"it to {config_scheme.name!r} with options {config_scheme.to_dict()}, pass replace=True "
-                "(`hf-posenc patch --replace`, recipe `scheme.replace: true`)."
-            )
-
-    rope_parameters = scheme_rope_parameters(config, config_scheme, original, keys)
-    record = SchemeRecord(config_scheme, family.stock_model_type, original).to_dict()
-
-    # Dry run on a copy: validation and the new rotary modules must succeed before the model is touched.
-    candidate = copy.deepcopy(config)
-    candidate.__class__ = family.config_class
-    candidate.rope_parameters = rope_parameters
-    setattr(candidate, RECORD_KEY, record)
-    candidate.validate_rope()
-    with torch.no_grad():
-        rotaries = [(parent, name, _rebuild_rotary(old, candidate)) for parent, name, old in _rotary_modules(model)]
-
-    previous_attn = required_attn_implementation(config)
-    config.__class__ = family.config_class
-    config.rope_parameters = rope_parameters
-    setattr(config, RECORD_KEY, record)
-    for parent, name, module in rotaries:
-        module.config = config
-        setattr(parent, name, module)
-    if type(model) is family.stock_model_class:
-        model.__class__ = family.model_class
-    if current is not None:
-        current.scheme.uninstall(model)
-    config_scheme.install(model)
-    if config_scheme.attention_name() is not None:
-        model.set_attn_implementation(config_scheme.attention_name())
-        if current is None and config_scheme.attn_implementation is not None:
-            warnings.warn(
-                f"{config_scheme.name} replaces how attention scores are computed, so a model pretrained with RoPE "
-                "needs training before it is useful again (the paper trains with it); see recipes/ for continued "
-                "training with `hf-posenc train`.",
-                stacklevel=2,
-            )
-    elif previous_attn is not None:
-        model.set_attn_implementation(None)
+    keys, config_scheme = _resolve_for_model(config, config_scheme, original)
+    if _carries_it_already(current, config_scheme, replace):
+        return model
+    patch = _dry_run(model, family, config_scheme, original, keys)
+    _apply(model, family, patch, current, config_scheme)
+    replaces_attention = config_scheme.attention_name() is not None and config_scheme.attn_implementation is not None
+    if current is None and replaces_attention:
+        warnings.warn(
+            f"{config_scheme.name} replaces how attention scores are computed, so a model pretrained with RoPE "
+            "needs training before it is useful again (the paper trains with it); see recipes/ for continued "
+            "training with `hf-posenc train`.",
+            stacklevel=2,
+        )
     return model

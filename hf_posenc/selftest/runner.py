@@ -71,9 +71,32 @@ def run_selftest(
     `python -m hf_posenc.selftest` process with it set, and its report is read back."""
     dev = resolve_device(device)
     size = size or ("realistic" if dev.type == "cuda" else "small")
+    dtypes = tuple(dtypes or DEFAULT_DTYPES[dev.type])
+    _check_options(dev, size, dtypes, timing)
+    plan = _timing_plan(size, lengths, repeats)
+    if needs_fresh_process(dev):
+        argv = selftest_argv(dev.type, size, dtypes, plan.lengths if lengths else None, repeats, only, checks, timing,
+                             progress)
+        return _run_in_fresh_process(argv, json_path)
+
+    cases = _selected_cases(size, dtypes, dev, only) if checks else []
+    units = [(f, mode, n) for n in plan.lengths for f in checks_mod.families() for mode in f.TIMING] if timing else []
+    report = SelftestReport(
+        device=dev.type, device_name=device_name(dev), interpreter=interpreting(), size=size, dtypes=list(dtypes),
+        versions=versions(), started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        timing_shape={**asdict(plan), "dtype": dtypes[0], "causal": True},
+        timing_note=_timing_note(dev),
+    )
+    _run_steps(report, cases, units, plan, checks_mod.DTYPES[dtypes[0]], dev, progress)
+    if json_path is not None:
+        report.write_json(json_path)
+    return report
+
+
+def _check_options(dev: torch.device, size: str, dtypes: tuple[str, ...], timing: bool) -> None:
+    """Refuse a size, dtype or dtype order this device cannot run, naming the fix."""
     if size not in SIZES:
         raise ValueError(f"size must be one of {SIZES}, got {size!r}")
-    dtypes = tuple(dtypes or DEFAULT_DTYPES[dev.type])
     for dt in dtypes:
         if dt not in checks_mod.DTYPES:
             raise ValueError(f"unknown dtype {dt!r}; pick from {sorted(checks_mod.DTYPES)}")
@@ -82,6 +105,10 @@ def run_selftest(
     if dev.type == "cuda" and timing and dtypes[0] == "fp32":
         raise ValueError("the timing runs in the first dtype listed, and SDPA's flash backend takes only bf16/fp16 "
                          "on CUDA: list bf16 or fp16 first (e.g. --dtypes bf16 fp32) or pass --no-timing")
+
+
+def _timing_plan(size: str, lengths: tuple[int, ...] | list[int] | None, repeats: int | None) -> TimingPlan:
+    """The size's :data:`TIMING` plan with the lengths and repeats asked for, if any."""
     plan = TIMING[size]
     if lengths:
         if min(lengths) <= 0:
@@ -91,25 +118,23 @@ def run_selftest(
         if repeats < 1:
             raise ValueError(f"repeats must be >= 1, got {repeats}")
         plan = replace(plan, repeats=int(repeats))
+    return plan
 
-    if needs_fresh_process(dev):
-        argv = selftest_argv(dev.type, size, dtypes, plan.lengths if lengths else None, repeats, only, checks, timing,
-                             progress)
-        return _run_in_fresh_process(argv, json_path)
 
-    cases = checks_mod.build_cases(checks_mod.SHAPES[size], dtypes, dev) if checks else []
+def _selected_cases(size: str, dtypes: tuple[str, ...], dev: torch.device, only: tuple[str, ...] | list[str]) -> list:
+    """The size's kernel checks in these dtypes, only those whose name contains one of ``only`` when given (none
+    matching is refused)."""
+    cases = checks_mod.build_cases(checks_mod.SHAPES[size], dtypes, dev)
     if only:
         cases = [c for c in cases if any(s in c.name for s in only)]
-        if checks and not cases:
+        if not cases:
             raise ValueError(f"no check name contains any of {list(only)}; names look like 'tapa/decode/D128/bf16'")
-    units = [(f, mode, n) for n in plan.lengths for f in checks_mod.families() for mode in f.TIMING] if timing else []
+    return cases
 
-    report = SelftestReport(
-        device=dev.type, device_name=device_name(dev), interpreter=interpreting(), size=size, dtypes=list(dtypes),
-        versions=versions(), started=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        timing_shape={**asdict(plan), "dtype": dtypes[0], "causal": True},
-        timing_note=_timing_note(dev),
-    )
+
+def _run_steps(report: SelftestReport, cases: list, units: list, plan: TimingPlan, dtype: torch.dtype,
+               dev: torch.device, progress: bool) -> None:
+    """Run the checks, then the timing units, into ``report`` behind one progress bar; sets its duration."""
     from tqdm.auto import tqdm
 
     t0 = time.perf_counter()
@@ -121,12 +146,9 @@ def run_selftest(
             bar.update()
         for family, mode, length in units:
             bar.set_postfix_str(f"timing {next(iter(family.KERNELS))} {mode} L={length}")
-            report.timing.extend(_time_unit(family, mode, length, plan, checks_mod.DTYPES[dtypes[0]], dev))
+            report.timing.extend(_time_unit(family, mode, length, plan, dtype, dev))
             bar.update()
     report.duration_s = time.perf_counter() - t0
-    if json_path is not None:
-        report.write_json(json_path)
-    return report
 
 
 def _timing_note(dev: torch.device) -> str:

@@ -477,9 +477,10 @@ def run_training(recipe: Recipe, resume: bool = False) -> TrainResult:
         return _run_training(recipe, resume)
 
 
-def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
-    from ..patching import patch_model
-
+def _check_output_dir(recipe: Recipe, resume: bool) -> str | None:
+    """Refuse, before anything loads, an ``output.dir`` that does not fit ``resume`` (a new run over a checkpoint,
+    a resume without one or with a changed recipe) or that cannot be written; returns the checkpoint to resume
+    from (``None`` for a new run)."""
     out = Path(recipe.output.dir)
     last = last_complete_checkpoint(out)
     if resume and last is None:
@@ -490,16 +491,13 @@ def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
     if resume:
         check_resumable(recipe, out)
     check_writable(out)
+    return last
 
-    scheme = recipe.scheme_config()
-    config = load_model_config(recipe)  # checks that need no weights
-    check_sequence_parallel(recipe, scheme, config)
-    notes = context_length_notes(recipe, config)
-    for note in notes:
-        warnings.warn(note, stacklevel=2)
 
-    tokenizer = load_tokenizer(recipe)
-    dataset = build_dataset(recipe.data, tokenizer, recipe.context_length)
+def _patched_model(recipe: Recipe, scheme: Any) -> tuple[torch.nn.Module, torch.nn.Module]:
+    """The recipe's base model patched with ``scheme`` (Liger kernels applied when asked), wrapped with LoRA when
+    the recipe trains an adapter, in training mode; returns ``(model to train, the causal LM inside it)``."""
+    from ..patching import patch_model
 
     set_seed(recipe.training.seed)  # LoRA's random init happens before the Trainer seeds anything
     model = load_base_model(recipe)
@@ -510,17 +508,27 @@ def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
     if recipe.peft.enabled:
         model = wrap_peft(recipe, model)
     model.train()
+    return model, causal_lm
 
+
+def _start_log(recipe: Recipe, out: Path, last: str | None) -> Path:
+    """Write the recipe into ``out`` and start the run's log there (a resumed run keeps the log up to its
+    checkpoint's step); the main process only. Returns the log's path."""
     out.mkdir(parents=True, exist_ok=True)
     log_path = out / LOG_FILE
     if int(os.environ.get("RANK", "0")) == 0:  # the main process writes the recipe and the log
         (out / "recipe.yaml").write_text(yaml.safe_dump(recipe.to_dict(), sort_keys=False))
-        if resume:
+        if last is not None:
             state = json.loads((Path(last) / "trainer_state.json").read_text())
             truncate_log(log_path, int(state["global_step"]))
         elif log_path.exists():
             log_path.unlink()
+    return log_path
 
+
+def _trainer(recipe: Recipe, model: torch.nn.Module, causal_lm: torch.nn.Module, scheme: Any, dataset: Any,
+             log_path: Path) -> PosEncTrainer:
+    """The run's Trainer (sequence parallelism from the launch, when asked), after :func:`check_launch`."""
     sp_size = requested_sequence_parallel_size()
     parallelism = None if sp_size == 1 else sequence_parallel_config(attn_implementation(causal_lm.config), sp_size)
     trainer = PosEncTrainer(
@@ -530,8 +538,13 @@ def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
         base_name=base_model_name(recipe),
     )
     check_launch(trainer)
-    trainer.train(resume_from_checkpoint=last if resume else None)
+    return trainer
 
+
+def _save_trained(recipe: Recipe, trainer: PosEncTrainer, tokenizer: Any, out: Path) -> tuple[Any, Path, Path | None]:
+    """Save the trained adapter (or model) and, when the recipe asks, the merged checkpoint; a sharded run gathers
+    the weights on every rank and the main process goes on with an unsharded copy. Returns ``(the trained model,
+    model_dir, merged_dir or None)``."""
     model_dir = out / ("adapter" if recipe.peft.enabled else "model")
     merged_dir = out / "merged" if recipe.output.merge and recipe.peft.enabled else None
     final = trainer.accelerator.unwrap_model(trainer.model)
@@ -551,6 +564,27 @@ def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
         final = final.merge_and_unload()
         if trainer.accelerator.is_main_process:
             save_output(final, merged_dir, save_tokenizer)
+    return final, model_dir, merged_dir
+
+
+def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
+    out = Path(recipe.output.dir)
+    last = _check_output_dir(recipe, resume)
+    scheme = recipe.scheme_config()
+    config = load_model_config(recipe)  # checks that need no weights
+    check_sequence_parallel(recipe, scheme, config)
+    notes = context_length_notes(recipe, config)
+    for note in notes:
+        warnings.warn(note, stacklevel=2)
+
+    tokenizer = load_tokenizer(recipe)
+    dataset = build_dataset(recipe.data, tokenizer, recipe.context_length)
+    model, causal_lm = _patched_model(recipe, scheme)
+    log_path = _start_log(recipe, out, last)
+    trainer = _trainer(recipe, model, causal_lm, scheme, dataset, log_path)
+    trainer.train(resume_from_checkpoint=last)
+
+    final, model_dir, merged_dir = _save_trained(recipe, trainer, tokenizer, out)
     losses = [r["loss"] for r in trainer.state.log_history if "loss" in r]  # what log.jsonl holds
     result = TrainResult(str(out), str(model_dir), None if merged_dir is None else str(merged_dir),
                          str(log_path), losses, notes)
