@@ -462,14 +462,6 @@ def test_tapa_depth_trains_the_sweeps_best_setting_and_reads_the_change_with_dep
 
 
 # -- reproducibility --------------------------------------------------------------------------------------------
-def test_t_quantiles_match_the_tables():
-    from hf_posenc_experiments.reproduce import t_quantile
-
-    for df, value in ((1, 12.706), (2, 4.303), (4, 2.776), (10, 2.228), (30, 2.042)):
-        assert t_quantile(0.975, df) == pytest.approx(value, abs=1e-3)
-    assert t_quantile(0.95, 2) == pytest.approx(2.920, abs=1e-3)
-
-
 def _report(seeds, rows):
     return {"config": {"seeds": seeds}, "summary": {"heldout_nll": {
         label: {str(n): {"mean": m, "sd": s} for n, (m, s) in row.items()} for label, row in rows.items()}}}
@@ -553,6 +545,7 @@ def test_t_distribution_matches_the_tables_and_mpmath():
     for df, value in ((1, 12.7062), (2, 4.3027), (4, 2.7764), (10, 2.2281), (30, 2.0423)):
         assert t_quantile(0.975, df) == pytest.approx(value, abs=1e-4)
     assert t_quantile(0.025, 2) == pytest.approx(-4.3027, abs=1e-4) and t_quantile(0.5, 3) == 0.0
+    assert t_quantile(0.95, 2) == pytest.approx(2.9200, abs=1e-4)  # one-sided 95% (the tables' 0.05 column)
     assert t_cdf(0.0, 5) == 0.5 and t_cdf(2.0, 3) + t_cdf(-2.0, 3) == pytest.approx(1.0)
     mpmath = pytest.importorskip("mpmath")  # an independent t quantile for Welch's non-integer df
     for df in (2.5, 4.0755, 17.3):

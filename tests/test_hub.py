@@ -124,7 +124,7 @@ def test_adapters_of_every_scheme_publish_and_restore_on_a_base_loaded_each_way(
             reload = AutoModelForCausalLM.from_pretrained(tmp_path / "hub" / "me" / f"{scheme}-base",
                                                           attn_implementation=attn).eval()
             expected[scheme] = peft.PeftModel.from_pretrained(reload, repo)(ids).logits
-        torch.testing.assert_close(expected[scheme], trained, rtol=1e-5, atol=1e-5)  # float32
+        torch.testing.assert_close(expected[scheme], trained, rtol=1e-5, atol=1e-5)  # float32; dropped TAPE weights: > 1e-2
         for mode in jobs:
             jobs[mode] += jobs_for([tmp_path / "hub" / "me" / f"{scheme}-base"], f"adapter-{mode}", [scheme],
                                    adapter=str(repo))

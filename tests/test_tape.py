@@ -234,17 +234,6 @@ def test_block_is_permutation_equivariant_and_rotation_equivariant():
     torch.testing.assert_close(er, rot(e_out), rtol=1e-5, atol=1e-5)
 
 
-def test_round_trip_keeps_tape_weights(tmp_path):
-    from transformers import AutoModelForCausalLM
-
-    model = perturb(hf_posenc.patch_model(tiny_model("gemma3_text", num_hidden_layers=4, layer_types=["sliding_attention", "full_attention"] * 2), "tape", hidden=12))
-    ids = random_ids()
-    model.save_pretrained(tmp_path)
-    loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
-    assert torch.equal(logits(loaded, ids), logits(model, ids))
-    assert tape_blocks(loaded)[0].w_psi.out_features == 12
-
-
 def test_replace_removes_tape():
     ids = random_ids()
     model = perturb(hf_posenc.patch_model(tiny_model("llama"), "tape"))
