@@ -14,14 +14,39 @@ from typing import Any, Callable, Mapping
 
 
 def _parse_options(pairs: list[str]) -> dict[str, Any]:
-    """``key=value`` pairs (see :func:`hf_posenc.schemes.spec.parse_key_values`); a malformed one exits with the
-    expected form."""
+    """``-o key=value`` pairs (see :func:`hf_posenc.schemes.spec.parse_key_values`; their form was checked when the
+    arguments parsed); a repeated key is a ``ValueError``, reported as an argument error (exit status 2)."""
     from .schemes.spec import parse_key_values
 
-    try:
-        return parse_key_values(pairs)
-    except ValueError as exc:
-        raise SystemExit(f"hf-posenc: {exc}") from exc
+    return parse_key_values(pairs)
+
+
+def _no_scheme_applies(config: Any) -> str | None:
+    """Why no hf-posenc scheme applies to a model whose config has no ``rope_parameters`` (no rotary position
+    embedding, e.g. GPT-2's learned absolute positions, or a multimodal wrapper whose text config has them), or
+    ``None`` for a rotary model. Read from the config alone: importing the model's classes (as
+    :func:`hf_posenc.families.static_refusal` does) can print DeepSpeed's accelerator notice on stdout, which
+    ``info`` keeps for its JSON."""
+    if getattr(config, "rope_parameters", None) is not None:
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    if text is not config and getattr(text, "rope_parameters", None) is not None:
+        why = (f"{type(config).__name__} wraps a text model (model type {text.model_type!r}) that holds the rotary "
+               "settings; patch that text model")
+    else:
+        why = f"no rotary position embedding ({type(config).__name__} has no rope_parameters)"
+    return f"model type {config.model_type!r} takes no hf-posenc scheme: {why}"
+
+
+def _refuse_without_rotary(source: str, gguf_file: str | None,
+                           then: str = "`hf-posenc families` lists the model types that take one") -> None:
+    """Refuse, from its config alone (before any weight loads), a model that has no rotary position embedding;
+    ``then`` ends the message (what the user can do instead)."""
+    from .models import load_config
+
+    reason = _no_scheme_applies(load_config(source, gguf_file))
+    if reason is not None:
+        raise ValueError(f"{source}: {reason}; {then}.")
 
 
 def _source_tokenizer(args: argparse.Namespace) -> Any:
@@ -55,16 +80,21 @@ def cmd_info(args: argparse.Namespace) -> int:
 
     config = load_config(args.source, args.gguf_file)
     record = scheme_record(config)
+    # A model without rotary embeddings (GPT-2) is answered, not refused: info reports facts, and "no scheme applies
+    # to it" is one (exit status 0, so a script can ask about any model and read `no_scheme_applies`).
+    no_scheme = _no_scheme_applies(config)
     info = {
         "model_type": config.model_type,
         "scheme": None if record is None else record.scheme.name,
         "options": None if record is None else record.scheme.to_dict(),
         "paper": None if record is None else record.scheme.paper,
         "stock_export_of": getattr(config, EXPORT_KEY, None),  # a stock export: the scheme its frequencies carry
-        "rope_parameters": config.rope_parameters,
-        "head_dim": config_head_dim(config),
-        "max_position_embeddings": config.max_position_embeddings,
+        "rope_parameters": getattr(config, "rope_parameters", None),
+        "head_dim": config_head_dim(config) if hasattr(config, "num_attention_heads") else None,
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
     }
+    if no_scheme is not None:
+        info["no_scheme_applies"] = no_scheme
     print(json.dumps(info, indent=2, default=str))
     return 0
 
@@ -76,6 +106,7 @@ def cmd_patch(args: argparse.Namespace) -> int:
 
     options = _parse_options(args.option)
     _check_output(args)
+    _refuse_without_rotary(args.source, args.gguf_file)
     model = load_model(args.source, args.gguf_file)
     patch_model(model, args.scheme, replace=args.replace, compose=args.compose, **options)
     tokenizer = _source_tokenizer(args)
@@ -93,6 +124,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     if args.gguf is None:  # else OUTPUT is a GGUF file for llama.cpp (export_gguf refuses an existing one)
         _check_output(args)
+    _refuse_without_rotary(args.source, args.gguf_file)
     if args.gguf is not None:
         from .gguf_export import export_gguf
         from .models import has_tokenizer, load_tokenizer
@@ -160,7 +192,10 @@ def cmd_eval(args: argparse.Namespace) -> int:
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
     from .diagnostics.cli import run_diagnose
+    from .models import parse_model_specs
 
+    for _, path in parse_model_specs(args.models):  # the analyses read rotary frequencies: refuse before loading
+        _refuse_without_rotary(path, args.gguf_file, "diagnose analyses how a model uses its rotary embedding")
     return run_diagnose(args)
 
 

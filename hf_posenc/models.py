@@ -117,9 +117,20 @@ def _could_be_hub_id(path: str) -> bool:
     return True
 
 
+def require_gguf_reader(gguf_file: str) -> None:
+    """Raise ``ImportError`` naming the extra to install when the ``gguf`` package, which Transformers reads GGUF
+    files with, is missing (Transformers' own message, "Please install torch and gguf>=0.10.0", names neither the
+    extra nor the embedded model, which is a GGUF file)."""
+    if importlib.util.find_spec("gguf") is None:
+        what = f"the embedded model {EMBEDDED}" if gguf_file == SMOLLM2_FILE else gguf_file
+        raise ImportError(f"{what} is a GGUF file, and reading one needs the gguf package, which is not installed: "
+                          "pip install 'hf-posenc[gguf]'")
+
+
 def check_source(path: str | os.PathLike, gguf_file: str | None = None) -> tuple[str, str | None]:
     """:func:`split_gguf` of a source; raises ``FileNotFoundError`` for one that is neither a local directory/file
-    nor shaped like a Hub id (before Transformers tries the network for it)."""
+    nor shaped like a Hub id (before Transformers tries the network for it), and ``ImportError`` for a GGUF file
+    without the ``gguf`` package (:func:`require_gguf_reader`)."""
     path, gguf_file = split_gguf(path, gguf_file)
     if os.path.exists(path):
         if gguf_file is not None and not os.path.isfile(os.path.join(path, gguf_file)):
@@ -131,6 +142,8 @@ def check_source(path: str | os.PathLike, gguf_file: str | None = None) -> tuple
 
         raise _missing_source(path, "offline mode (HF_HUB_OFFLINE) and no copy of it cached" if constants.HF_HUB_OFFLINE
                               else "the Hub is not reachable from here and has no copy of it cached")
+    if gguf_file is not None:
+        require_gguf_reader(gguf_file)
     return path, gguf_file
 
 

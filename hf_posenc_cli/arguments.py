@@ -143,6 +143,16 @@ def _positive(text: str) -> int:
     return value
 
 
+def _key_value(text: str) -> str:
+    """A scheme option of ``-o``: ``KEY=VALUE`` with a key (the value is read by
+    :func:`hf_posenc.schemes.spec.parse_key_values` when the command runs)."""
+    key, sep, _ = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE: give each scheme option as -o KEY=VALUE "
+                                         "(e.g. -o clip_low_n=10)")
+    return text
+
+
 # -- the subcommands -------------------------------------------------------------------------------------------------
 def _add_source(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("source", help="model directory, Hub id, or a .gguf file")
@@ -164,7 +174,7 @@ def add_patch_arguments(p: argparse.ArgumentParser) -> None:
     _add_source(p)
     _add_output(p)
     p.add_argument("--scheme", required=True, help="cope, hardclip, prope, rope, tapa or tape")
-    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("-o", "--option", action="append", default=[], metavar="KEY=VALUE", type=_key_value,
                    help="scheme option, repeatable (e.g. -o clip_low_n=10 -o rope_theta=1e7)")
     p.add_argument("--replace", action="store_true", help="replace a scheme the checkpoint already carries")
     p.add_argument("--compose", action="store_true",

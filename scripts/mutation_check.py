@@ -578,6 +578,66 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_cli.py::test_help_version_and_argument_errors_import_neither_hf_posenc_nor_torch",),
         "help, --version and argument errors must answer before hf_posenc (and so torch) is imported",
     ),
+    # -- the command line on a model without rotary embeddings, and -o's form (issue #45) ---------------------------
+    Mutation(
+        "info-reads-rope-parameters-of-any-config", "hf_posenc/cli.py",
+        '"rope_parameters": getattr(config, "rope_parameters", None),',
+        '"rope_parameters": config.rope_parameters,',
+        ("tests/test_cli.py::test_info_describes_a_model_without_rotary_embeddings_and_says_no_scheme_applies",),
+        "info on GPT-2 (no rope_parameters) reports the facts and exits 0, not an AttributeError",
+    ),
+    Mutation(
+        "patch-loads-a-model-without-rotary-embeddings", "hf_posenc/cli.py",
+        "    _refuse_without_rotary(args.source, args.gguf_file)\n    model = load_model(args.source, args.gguf_file)\n"
+        "    patch_model(",
+        "    model = load_model(args.source, args.gguf_file)\n    patch_model(",
+        ("tests/test_cli.py::test_commands_refuse_a_model_without_rotary_embeddings_in_one_line_before_loading_it"
+         "[command0]",),
+        "patch refuses a non-rotary model from its config, in one line, before loading its weights",
+    ),
+    Mutation(
+        "export-loads-a-model-without-rotary-embeddings", "hf_posenc/cli.py",
+        "    _refuse_without_rotary(args.source, args.gguf_file)\n    if args.gguf is not None:",
+        "    if args.gguf is not None:",
+        ("tests/test_cli.py::test_commands_refuse_a_model_without_rotary_embeddings_in_one_line_before_loading_it"
+         "[command1]",
+         "tests/test_cli.py::test_commands_refuse_a_model_without_rotary_embeddings_in_one_line_before_loading_it"
+         "[command2]"),
+        "export (stock and GGUF) refuses a non-rotary model from its config, before loading its weights",
+    ),
+    Mutation(
+        "diagnose-loads-a-model-without-rotary-embeddings", "hf_posenc/cli.py",
+        '_refuse_without_rotary(path, args.gguf_file, "diagnose analyses how a model uses its rotary embedding")',
+        "pass",
+        ("tests/test_cli.py::test_commands_refuse_a_model_without_rotary_embeddings_in_one_line_before_loading_it"
+         "[command3]",),
+        "diagnose refuses a non-rotary model in one line (exit 2) before loading it, not with a layer-lookup error",
+    ),
+    Mutation(
+        "scheme-option-form-checked-only-when-the-command-runs", "hf_posenc_cli/arguments.py",
+        'metavar="KEY=VALUE", type=_key_value,',
+        'metavar="KEY=VALUE",',
+        ("tests/test_cli.py::test_a_scheme_option_without_a_key_and_value_is_an_argument_error_naming_the_form",),
+        "-o without '=' is an argument error naming -o KEY=VALUE, answered while parsing (exit 2)",
+    ),
+    Mutation(
+        "gguf-reader-missing-left-to-transformers", "hf_posenc/models.py",
+        "    if gguf_file is not None:\n        require_gguf_reader(gguf_file)\n    return path, gguf_file",
+        "    return path, gguf_file",
+        ("tests/test_cli.py::test_the_embedded_model_without_the_gguf_reader_names_the_extra",
+         "tests/test_cli.py::test_a_gguf_file_without_the_gguf_reader_names_the_extra_and_a_missing_one_is_named_first"),
+        "without the gguf package, loading @smollm2 or a .gguf names pip install 'hf-posenc[gguf]', not Transformers' "
+        "'Please install torch and gguf'",
+    ),
+    # -- resuming a training run (issue #45) -------------------------------------------------------------------------
+    Mutation(
+        "resume-lets-every-training-key-change", "hf_posenc/training/trainer.py",
+        'CHANGEABLE_ON_RESUME = ("evaluation.", "training.logging_steps",',
+        'CHANGEABLE_ON_RESUME = ("evaluation.", "training.", "training.logging_steps",',
+        tuple(f"tests/test_training.py::test_resume_refuses_each_class_of_changed_training_key[{case}]"
+              for case in ("learning-rate", "scheduler", "warmup", "steps", "seed")),
+        "a resumed run may change what is logged or saved, never the learning rate, schedule, steps or seed",
+    ),
 )
 
 

