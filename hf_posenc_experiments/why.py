@@ -76,7 +76,7 @@ def tapa_phase_scale(model: Any, input_ids: torch.Tensor, scheme: Any) -> dict[s
     frequencies do). Returns the medians over all pairs and the largest per-head median.
     """
     from hf_posenc.diagnostics import capture_window
-    from hf_posenc.kernels.tapa.naive import tapa_split
+    from hf_posenc.kernels.tapa.args import tapa_split
 
     captured = capture_window(model, input_ids, None, None, kinds=("q", "k"))
     amp, ph = tapa_split(captured[0]["q"].shape[-1], scheme.theta)

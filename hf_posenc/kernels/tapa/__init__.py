@@ -25,7 +25,8 @@ import torch
 
 from ..optional import needs_triton, triton_missing
 from .chunked import tapa_attention_chunked
-from .naive import TapaArgs, tapa_attention_reference, tapa_op, tapa_split, validate_tapa_args
+from .args import TapaArgs, tapa_op, tapa_split, validate_tapa_args
+from .naive import tapa_attention_reference
 
 try:
     from .triton_tapa import tapa_attention_triton

@@ -42,7 +42,7 @@ from typing import Iterator
 import torch
 
 from ..cpu_parallel import run_tasks, single_threaded
-from .naive import TapaArgs, tapa_op
+from .args import TapaArgs, tapa_op
 
 TWO_PI = 2.0 * math.pi
 LOG2E = 1.0 / math.log(2.0)  # scores are kept in base 2 (exp2 is several times faster than exp on CPU)
@@ -501,7 +501,7 @@ def tapa_attention_chunked(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ar
     `block_q` / `block_k` (tokens per block) override the defaults (128 queries; keys a multiple of that, so
     that a block holds about 2^19 scores over all heads). Written for CPU, where it is the default of
     `tapa_attention`; the ops are plain PyTorch, so it also runs on other devices. Options:
-    :func:`~hf_posenc.kernels.tapa.naive.validate_tapa_args`.
+    :func:`~hf_posenc.kernels.tapa.args.validate_tapa_args`.
     """
     with single_threaded() if is_small(q, k) else contextlib.nullcontext():  # the planning's small ops too
         plan = _Plan(q, k, args, block_q, block_k)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from .._triton import INTERPRETER_TILE, ForwardLayout, LaunchSpec, Target, Tile, plan_split_combine, table_row
-from .naive import TapaArgs
+from .args import TapaArgs
 
 # GPU decode tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and row-width bucket
 # (`triton_tapa.row_width`), chosen offline by benchmarks/tune_tiles.py --kernel decode as the other tables are: no

@@ -88,7 +88,7 @@ from .._triton import (
     visible,
 )
 from .decode import plan_decode
-from .naive import TapaArgs, tapa_op, validate_tapa_args
+from .args import TapaArgs, tapa_op, validate_tapa_args
 
 # shape, window and mask-presence arguments vary from call to call: one binary serves them all
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "H", "HKV", "Lq", "Lk", "split_len", "causal", "window",
@@ -819,7 +819,7 @@ def tapa_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, arg
     dims <= 128, see `tiles`) the backward computes every score's cos/sin once and adds dQ atomically in fp32,
     so gradients vary from run to run within fp32 rounding, as FlashAttention-2's do; True always runs the
     two-kernel backward (a separate dQ kernel recomputes the scores), which is bitwise reproducible.
-    Options: :func:`~hf_posenc.kernels.tapa.naive.validate_tapa_args`.
+    Options: :func:`~hf_posenc.kernels.tapa.args.validate_tapa_args`.
     """
     if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"the Triton TAPA kernel takes float16/bfloat16/float32 inputs, got {q.dtype}; "

@@ -21,7 +21,8 @@ import os
 import torch
 
 from ..optional import needs_triton, triton_missing
-from .naive import TapeArgs, tape_attention_reference, tape_op, validate_tape_args
+from .args import TapeArgs, tape_op, validate_tape_args
+from .naive import tape_attention_reference
 from .sdpa import tape_attention_sdpa
 
 try:

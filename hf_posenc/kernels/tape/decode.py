@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 
 from .._triton import INTERPRETER_TILE, ForwardLayout, LaunchSpec, Target, Tile, plan_split_combine, pow2, table_row
-from .naive import TapeArgs
+from .args import TapeArgs
 
 # GPU decode tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and padded width of [V | E], chosen
 # offline by benchmarks/tune_tiles.py --kernel decode as the other tables are: no spills at D <= 128, shared

@@ -17,7 +17,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from .naive import TapeArgs, repeat_kv, tape_op, tape_visibility
+from .args import TapeArgs, tape_op
+from .naive import repeat_kv, tape_visibility
 
 
 @tape_op

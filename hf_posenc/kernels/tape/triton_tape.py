@@ -77,7 +77,7 @@ from .._triton import (
     visible,
 )
 from .decode import plan_decode
-from .naive import TapeArgs, tape_op, validate_tape_args
+from .args import TapeArgs, tape_op, validate_tape_args
 
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "Hq", "Hkv", "Lq", "Lk", "D", "DE", "split_len", "causal",
                         "has_kpm")
@@ -585,7 +585,7 @@ def tape_attention_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, e: 
 
     Needs CUDA tensors or TRITON_INTERPRET=1 (CPU tensors) and fp16/bf16/fp32 inputs. bf16/fp16 run on the
     tensor cores; fp32 inputs use exact fp32 ("ieee") dots on the FMA units, which is much slower on GPUs.
-    Options: :func:`~hf_posenc.kernels.tape.naive.validate_tape_args`.
+    Options: :func:`~hf_posenc.kernels.tape.args.validate_tape_args`.
 
     `deterministic` (default: `torch.are_deterministic_algorithms_enabled()`): where the tile table has a fused
     backward (Hopper at head dims <= 128, see `tiles`) dq is added atomically in fp32 from the dk kernel's dS tiles,

@@ -74,7 +74,7 @@ class TAPAConfig(SchemeConfig):
                 "with their positions")
 
     def check_model(self, head_dim: int) -> None:
-        from ...kernels.tapa.naive import tapa_split
+        from ...kernels.tapa.args import tapa_split
 
         tapa_split(head_dim, self.theta)
 
