@@ -237,9 +237,10 @@ class PosEncTrainer(Trainer):
         the base as ``base_name`` (:func:`base_model_name`) or else the base's own name, and hf-posenc's model card
         (``import hf_posenc`` first) instead of PEFT's boilerplate README.md. Done before the Trainer writes the
         checkpoint's ``trainer_state.json`` (which makes it complete, :func:`last_complete_checkpoint`) or pushes it."""
-        from ..adapters import describe_adapter
+        from ..adapters import caller_describes, describe_adapter
 
-        super().save_model(output_dir, _internal_call=_internal_call)
+        with caller_describes():  # PEFT's save hook would describe it too, naming the base as loaded
+            super().save_model(output_dir, _internal_call=_internal_call)
         folder = Path(self.args.output_dir if output_dir is None else output_dir)
         model = self.accelerator.unwrap_model(self.model)
         if (self.args.should_save and hasattr(model, "peft_config") and hasattr(model, "get_base_model")
