@@ -1,12 +1,19 @@
 """``export_stock``: write a patched frequency-scheme model as a checkpoint that stock Transformers loads.
 
-* p-RoPE is already Transformers' ``proportional`` type, and plain RoPE/ABF/PI/YaRN/Llama-3 are stock types.
-* CoPE/HardClip become ``longrope`` with per-dimension factors f_j = 1/w_j, an explicit ``attention_factor`` and
-  ``short_factor == long_factor`` (so the short/long switch changes nothing). Over the ``default`` base this is
-  exactly how hf-posenc computes them, so logits are bitwise identical; over linear/YaRN/Llama-3 bases the factors
-  are the ratios of the default frequencies to the patched ones, equal up to float rounding.
-* CoPE/HardClip over dynamic NTK has no stock equivalent (its frequencies change with the sequence length) and is
-  refused, as are schemes that change attention itself.
+What needs converting is read from the scheme registry, never from a scheme's name
+(:class:`hf_posenc.schemes.RopeType`):
+
+* Transformers' own rope types (plain RoPE, ABF, PI, YaRN, Llama-3, dynamic NTK, LongRoPE, p-RoPE's
+  ``proportional``) are written as they are.
+* A rope type a scheme registered (CoPE, HardClip, or one registered from outside the package) that is static becomes
+  ``longrope`` with per-dimension factors f_j = θ_j/θ'_j, an explicit ``attention_factor`` and
+  ``short_factor == long_factor`` (so the short/long switch changes nothing). The factors are the rope type's own
+  closed form where it declares one (CoPE/HardClip over the ``default`` base: f_j = 1/w_j, exactly how hf-posenc
+  computes them, so logits are bitwise identical), else the ratios of Transformers' default frequencies to the
+  patched ones (equal up to float rounding; exact where the scheme multiplies the frequencies by a power of two).
+* A registered rope type declared ``dynamic`` (CoPE/HardClip over dynamic NTK: its frequencies change with the
+  sequence length) has no stock equivalent and is refused, naming the scheme, as are schemes that change attention
+  itself.
 
 vLLM: it reads ``proportional`` and ``longrope``; for ``longrope`` it ignores ``attention_factor`` and derives the
 attention scale from ``max_position_embeddings / original_max_position_embeddings``, which the export keeps equal
@@ -24,40 +31,70 @@ from typing import Any
 
 import torch
 from transformers import PreTrainedModel
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # the schemes' rope types are registered there
 
 from .io_atomic import atomic_dir
 from .families import family_for
 from .patching import check_patchable, scheme_record
 from .record import EXPORT_KEY, LIBRARY_VERSION, RECORD_KEY
-from .schemes.base import FrequencySchemeConfig
+from .schemes import ROPE_TYPES
+from .schemes.base import STOCK_INF_FACTOR, FrequencySchemeConfig
 from .schemes.base import head_dim as config_head_dim
-from .schemes.cope import STOCK_INF_FACTOR, taper_factors
 from .upstream import name_or_path
 from .vllm_compat import fold_attention_factors, warn_vllm_differences
-
-CLIPPED = ("cope", "hardclip")
 
 
 def frequency_factors(inv_freq: torch.Tensor, theta: float, head_dim: int) -> torch.Tensor:
     """Per-dimension factors f_i = θ_i / θ'_i that turn RoPE's θ_i = theta^(−2i/d) into ``inv_freq`` θ'
-    (LongRoPE's and llama.cpp's ``rope_freqs`` form); float64, ``STOCK_INF_FACTOR`` where θ'_i = 0."""
-    default = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+    (LongRoPE's and llama.cpp's ``rope_freqs`` form); float64, ``STOCK_INF_FACTOR`` where θ'_i = 0.
+
+    θ_i is computed as Transformers' default and ``longrope`` rope types compute it (float32), so a scheme that scales
+    a frequency by a power of two gets that factor exactly and LongRoPE reproduces its frequency bit for bit."""
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
+    default = (1.0 / (theta ** exponent)).double()
     inv = inv_freq.double()
     return (default / inv.clamp_min(1e-300)).clamp(max=STOCK_INF_FACTOR)  # θ'_i = 0 lands on the clamp too
 
 
-def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | None) -> dict[str, Any]:
+def rope_factors(config: Any, params: dict[str, Any], layer_type: str | None, rotary: int,
+                 ) -> tuple[torch.Tensor, float]:
+    """``(factors, attention_scaling)`` of a static rope type over plain RoPE (``rotary``: the rotated dimensions):
+    the registered rope type's closed form where it declares one (:class:`hf_posenc.schemes.RopeType` ``factors``),
+    else the ratios of the frequencies its init function computes. Raises ``ValueError`` when that function does not
+    give one frequency per rotated pair."""
+    rope_type = params["rope_type"]
+    registered = ROPE_TYPES.get(rope_type)
+    exact = registered.factors(config, params, layer_type) if registered and registered.factors else None
+    if exact is not None:
+        factors, attention_factor = exact
+        return factors.double(), float(attention_factor)
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, None, None, layer_type)
+    if inv_freq.shape != (rotary // 2,):
+        raise ValueError(f"rope type {rope_type!r} gives {tuple(inv_freq.shape)} frequencies for {rotary // 2} "
+                         "rotated pairs; per-dimension factors cannot express it.")
+    return frequency_factors(inv_freq, params["rope_theta"], rotary), float(attention_factor)
+
+
+def dynamic_refusal(scheme: str, rope_type: str) -> str | None:
+    """Why a rope type a scheme registered has no fixed per-dimension factors (it is declared ``dynamic``), or
+    ``None`` (static, or one of Transformers' own types)."""
+    registered = ROPE_TYPES.get(rope_type)
+    if registered is None or not registered.dynamic:
+        return None
+    return (f"scheme {scheme!r} uses rope type {rope_type!r}, whose frequencies change with the sequence length "
+            "(declared dynamic: over dynamic NTK), so no fixed per-dimension factors express them")
+
+
+def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | None, scheme: str) -> dict[str, Any]:
     rope_type = params["rope_type"]
     # vLLM's `proportional` ignores `factor`: p-RoPE over PI is written as the same frequencies in `longrope`
     scaled_prope = rope_type == "proportional" and params.get("factor", 1.0) != 1.0
-    if rope_type not in CLIPPED and not scaled_prope:
-        if rope_type.endswith("_dynamic") and rope_type.removesuffix("_dynamic") in CLIPPED:
-            raise ValueError(
-                f"{rope_type}: CoPE/HardClip over dynamic NTK has no stock Transformers equivalent (its frequencies "
-                "change with the sequence length); patch with a static base (e.g. scaling='yarn') to export it."
-            )
+    if rope_type not in ROPE_TYPES and not scaled_prope:  # Transformers' own rope type: stock Transformers has it
         return dict(params)
+    refusal = dynamic_refusal(scheme, rope_type)
+    if refusal is not None:
+        raise ValueError(f"{refusal}; it has no stock Transformers equivalent. Patch with a static base (e.g. "
+                         "scaling='yarn') to export it.")
     if "llama_4_scaling_beta" in params and params.get("original_max_position_embeddings") != getattr(
             config, "max_position_embeddings", None):
         raise ValueError(
@@ -70,13 +107,7 @@ def _stock_layer_params(config: Any, params: dict[str, Any], layer_type: str | N
     rotated = params.get("partial_rotary_factor") if rope_type != "proportional" else None
     head_dim = int(head_dim * rotated) if rotated is not None else head_dim
     theta = params["rope_theta"]
-    if params.get("base_rope_type") == "default":
-        factors = taper_factors(head_dim // 2, params["clip_low_n"], rope_type == "hardclip")
-        factors = factors.clamp(max=STOCK_INF_FACTOR)
-        attention_factor = 1.0
-    else:
-        inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, None, None, layer_type)
-        factors = frequency_factors(inv_freq, theta, head_dim)
+    factors, attention_factor = rope_factors(config, params, layer_type, head_dim)
     factors = factors.tolist()
     return {
         "rope_type": "longrope",
@@ -104,10 +135,11 @@ def stock_config(model_or_config: Any) -> Any:
     family = family_for(config.model_type)
     rope = config.rope_parameters
     nested = config.nested_rope_parameter_keys(rope)
+    name = record.scheme.name
     if nested:
-        rope = {k: (None if rope[k] is None else _stock_layer_params(config, rope[k], k)) for k in nested}
+        rope = {k: (None if rope[k] is None else _stock_layer_params(config, rope[k], k, name)) for k in nested}
     else:
-        rope = _stock_layer_params(config, rope, None)
+        rope = _stock_layer_params(config, rope, None, name)
     values = config.to_dict()
     for key in (RECORD_KEY, "model_type", "transformers_version", "architectures", "auto_map"):
         values.pop(key, None)

@@ -7,7 +7,9 @@ frequency scheme is therefore one vector of factors
     f_i = θ_i / θ'_i      (θ' = the patched inverse frequencies Transformers computes for the model)
 
 which is 1/w_i for CoPE/HardClip over the default base (``cope-clipped-rope`` eq. 10), 1 for p-RoPE's kept frequencies,
-and the combined ratio over linear/YaRN/Llama-3 bases. Where θ'_i = 0 (HardClip, CoPE's last frequency, p-RoPE's dropped
+and the combined ratio over linear/YaRN/Llama-3 bases. Which rope types are static is read from the scheme registry
+(:class:`hf_posenc.schemes.RopeType` ``dynamic``), for a scheme registered from outside the package too, and the
+factors are :func:`hf_posenc.export.rope_factors`, as in the stock export. Where θ'_i = 0 (HardClip, CoPE's last frequency, p-RoPE's dropped
 ones) f_i is a large finite number (3e38, as in the stock export), which makes the angle exactly 0 in fp32. The rope
 type's attention scaling (YaRN's mscale, also under CoPE) multiplies cos and sin in both engines and is written as
 ``<arch>.rope.scaling.attn_factor``; no other rope scaling is declared, so llama.cpp applies nothing on top.
@@ -15,7 +17,10 @@ type's attention scaling (YaRN's mscale, also under CoPE) multiplies cos and sin
 Steps (nothing is written to ``path`` unless all succeed):
 
 1. refuse what llama.cpp cannot express (schemes that change attention, dynamic NTK, LongRoPE's short/long switch,
-   families whose llama.cpp architecture does not read ``rope_freqs``), before anything is written;
+   families whose llama.cpp architecture does not read ``rope_freqs``), before anything is written; which
+   Transformers architectures llama.cpp's converter turns into an architecture that reads ``rope_freqs`` is
+   ``hf_posenc/data/llama_cpp.json``, generated from the llama.cpp source the project builds
+   (``scripts/llama_cpp_archs.py``);
 2. stage the model as a plain Transformers checkpoint with the default rope type and the model's base;
 3. convert it with llama.cpp's own converter (``convert_hf_to_gguf.py``: tensor names, q/k layout, tokenizer and its
    pre-tokenizer) to f32, f16, bf16 or Q8_0;
@@ -35,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib.util
 import json
 import os
@@ -46,20 +52,23 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS  # hf-posenc registers cope/hardclip there
 
-from .export import frequency_factors, save_stock, stock_config
+from .export import dynamic_refusal, rope_factors, save_stock, stock_config
 from .families import family_for
 from .patching import check_patchable, scheme_record
+from .schemes import ROPE_TYPES
 from .schemes.base import FrequencySchemeConfig
 from .schemes.base import head_dim as config_head_dim
 
-# Stock model type -> llama.cpp architecture that reads a per-dimension `rope_freqs` tensor.
-ROPE_FREQS_ARCHS = {"llama": "llama"}
-# Why the other supported families are refused (their llama.cpp architectures).
-NO_ROPE_FREQS = {"qwen2": "qwen2", "qwen3": "qwen3", "gemma": "gemma", "gemma2": "gemma2", "gemma3_text": "gemma3"}
-# Rope types whose frequencies do not depend on the sequence length.
-STATIC_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "proportional", "cope", "hardclip")
+# Which Transformers architectures llama.cpp carries: generated from its source by scripts/llama_cpp_archs.py.
+LLAMA_CPP_TABLE = Path(__file__).resolve().parent / "data" / "llama_cpp.json"
+# Transformers' own rope types whose frequencies are not one fixed vector (its `dynamic_rope_update` recomputes
+# every type whose name contains "dynamic", and LongRoPE switches factor lists at the original length).
+SEQUENCE_DEPENDENT = {
+    "dynamic": "its frequencies change with the sequence length (dynamic NTK recomputes them as it grows)",
+    "longrope": "LongRoPE switches between two factor sets by sequence length, and llama.cpp reads a single "
+                "`rope_freqs`",
+}
 # quantization -> the converter's --outtype (Q4_K_M: the f16 file, then llama.cpp's quantizer)
 QUANTIZATIONS = {"f32": "f32", "f16": "f16", "bf16": "bf16", "q8_0": "q8_0", "q4_k_m": "f16"}
 # the types llama.cpp's quantizer (llama-cpp-python's bindings) makes -> its llama_ftype constant
@@ -79,16 +88,34 @@ def _refuse(message: str) -> ValueError:
     return ValueError(f"export_gguf: {message}")
 
 
+@functools.cache
+def llama_cpp_table() -> dict[str, Any]:
+    """``hf_posenc/data/llama_cpp.json``: ``converter`` (Transformers architecture -> the llama.cpp architecture its
+    converter writes) and ``rope_freqs_architectures`` (those whose loader reads a ``rope_freqs`` tensor)."""
+    return json.loads(LLAMA_CPP_TABLE.read_text())
+
+
 def llama_cpp_arch(config: Any) -> str:
-    """The llama.cpp architecture a model exports to, or a ``ValueError`` saying why it cannot carry the scheme."""
-    stock_type = family_for(config.model_type).stock_model_type
-    if stock_type in NO_ROPE_FREQS:
+    """The llama.cpp architecture a model exports to, or a ``ValueError`` naming the family, the architecture llama.cpp
+    converts it to and the alternatives when that architecture cannot carry the scheme."""
+    family = family_for(config.model_type)
+    hf_arch = family.stock_model_class.__name__
+    table = llama_cpp_table()
+    arch = table["converter"].get(hf_arch)
+    alternatives = ("export it with export_stock (`hf-posenc export DIR OUT`: stock Transformers and vLLM run the "
+                    "scheme) instead")
+    if arch is None:
+        raise _refuse(f"llama.cpp's converter (llama-cpp-python {table['llama_cpp_python']}) has no class for "
+                      f"{hf_arch}, so the {family.stock_model_type!r} family cannot be written as GGUF; "
+                      f"{alternatives}.")
+    if arch not in table["rope_freqs_architectures"]:
         raise _refuse(
-            f"llama.cpp runs {stock_type} models as its {NO_ROPE_FREQS[stock_type]!r} architecture, which does not "
-            "read a per-dimension `rope_freqs` tensor, so the scheme's frequencies cannot be expressed (llama.cpp "
-            "would silently run plain RoPE). Supported: Llama-architecture models; for this family use export_stock."
+            f"llama.cpp converts {family.stock_model_type!r} models ({hf_arch}) to its {arch!r} architecture, which "
+            "does not read a per-dimension `rope_freqs` tensor, so the scheme's frequencies cannot be expressed "
+            f"(llama.cpp would silently run plain RoPE); {alternatives}. `hf-posenc families` lists the families "
+            "that export to GGUF."
         )
-    return ROPE_FREQS_ARCHS[stock_type]
+    return arch
 
 
 def gguf_rope_parameters(model_or_config: Any) -> tuple[torch.Tensor, float, float]:
@@ -107,24 +134,27 @@ def gguf_rope_parameters(model_or_config: Any) -> tuple[torch.Tensor, float, flo
         )
     llama_cpp_arch(config)
     params = config.rope_parameters
+    if config.nested_rope_parameter_keys(params):
+        raise _refuse("this model has rotary settings per layer type, and llama.cpp's `rope_freqs` is one vector for "
+                      "every layer; export it with export_stock instead.")
     rope_type = params["rope_type"]
-    if rope_type not in STATIC_ROPE_TYPES:
-        why = {
-            "longrope": "LongRoPE switches between two factor sets by sequence length, and llama.cpp's llama "
-                        "architecture reads a single `rope_freqs`",
-        }.get(rope_type, "its frequencies change with the sequence length (dynamic NTK), while a GGUF `rope_freqs` "
-                         "tensor is fixed")
-        raise _refuse(f"rope type {rope_type!r} cannot be written: {why}. Patch with a static base (e.g. "
-                      "scaling='yarn' or 'linear') to export it.")
+    why = dynamic_refusal(record.scheme.name, rope_type)
+    if why is None and rope_type not in ROPE_TYPES:  # one of Transformers' own rope types
+        why = SEQUENCE_DEPENDENT.get("dynamic" if "dynamic" in rope_type else rope_type)
+        why = None if why is None else f"rope type {rope_type!r}: {why}, while a GGUF `rope_freqs` tensor is fixed"
+    if why is not None:
+        raise _refuse(f"{why}. Patch with a static base (e.g. scaling='yarn' or 'linear') to export it.")
     head_dim = config_head_dim(config)
     theta = float(params["rope_theta"])
     if rope_type == "default":  # plain RoPE (with ABF): llama.cpp's own θ_i
         return torch.ones(head_dim // 2), 1.0, theta
-    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](config, None)
-    if inv_freq.shape != (head_dim // 2,):
-        raise _refuse(f"expected {head_dim // 2} rotary frequencies, got {tuple(inv_freq.shape)} (partial rotary "
-                      "models are not supported).")
-    return frequency_factors(inv_freq, theta, head_dim).float(), float(attention_factor), theta
+    if params.get("partial_rotary_factor", 1.0) != 1.0 and rope_type != "proportional":
+        raise _refuse("partial rotary models are not supported (llama.cpp's `rope_freqs` covers n_rot/2 pairs).")
+    try:
+        factors, attention_factor = rope_factors(config, params, None, head_dim)
+    except ValueError as exc:
+        raise _refuse(f"{exc} (partial rotary models are not supported).") from None
+    return factors.float(), attention_factor, theta
 
 
 def find_converter(llama_cpp: str | os.PathLike | None = None) -> Path:
@@ -309,7 +339,9 @@ def export_gguf(
     """Write ``model`` (patched with a frequency scheme) to the GGUF file ``path`` for stock llama.cpp.
 
     Args:
-        model: a Llama-architecture model patched with CoPE, HardClip, p-RoPE or a RoPE baseline (static rope types).
+        model: a model patched with a frequency scheme whose rope type is static (CoPE, HardClip, p-RoPE, a RoPE
+            baseline, or a scheme registered from outside the package), of a family llama.cpp converts to an
+            architecture that reads ``rope_freqs`` (Llama, Mistral, Mixtral, Granite...: ``hf-posenc families``).
         path: the ``.gguf`` file to write (replaced only when the whole export succeeds).
         quantization: ``"f32"``, ``"f16"``, ``"bf16"``, ``"q8_0"`` (llama.cpp's converter alone) or ``"q4_k_m"``
             (then llama.cpp's quantizer, through ``llama-cpp-python``; prints a one-line summary to stderr).

@@ -4,7 +4,9 @@ where hf-posenc is not installed.
 The files are hf-posenc's own modules, copied as they are, with their relative imports pointed at the one flat
 folder Transformers' dynamic modules use, plus a small entry module per model family that ``auto_map`` points to.
 Which modules travel is derived, not listed: the patched classes (``families.base``) and the package of every
-registered scheme (:data:`hf_posenc.schemes.REGISTRY`), closed under their relative imports (read with ``ast``).
+registered scheme of hf-posenc (:data:`hf_posenc.schemes.REGISTRY`), closed under their relative imports (read with
+``ast``). A scheme registered from outside (another package, or a script or notebook whose module is ``__main__``
+and has no package) does not travel: its checkpoints save like any other and load where its module is imported.
 The modules left out are declared in :data:`OPTIONAL` (the Triton kernels): they are imported only inside ``try``
 (Transformers' rule for custom code: an import there may fail), point at the installed hf-posenc, and without it
 the remote code runs the readable references. An optional module imported outside ``try``, or a ``try`` import

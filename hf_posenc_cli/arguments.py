@@ -186,7 +186,8 @@ def add_export_arguments(p: argparse.ArgumentParser) -> None:
     _add_output(p)
     p.add_argument("--gguf", metavar="QUANT", help="write OUTPUT as a GGUF file for llama.cpp instead: f32, f16, "
                    "bf16, q8_0 (llama.cpp's converter alone: scripts/serving/setup_llamacpp.sh --converter, seconds) "
-                   "or q4_k_m (also its quantizer: the full setup, minutes); Llama-architecture frequency schemes")
+                   "or q4_k_m (also its quantizer: the full setup, minutes); static frequency schemes, families whose "
+                   "llama.cpp architecture reads rope_freqs (the GGUF column of `hf-posenc families`)")
     p.add_argument("--llama-cpp", metavar="DIR", help="llama.cpp source directory holding convert_hf_to_gguf.py "
                    "(default: $HF_POSENC_LLAMA_CPP, else where the setup script unpacks it)")
     p.add_argument("--tokenizer", metavar="DIR_OR_HUB_ID",

@@ -1,10 +1,11 @@
 """Write the family support table (hf_posenc/data/families.json) from the family matrix's checks.
 
-    .venv/bin/python scripts/families_table.py [--only TYPE ...] [--import MODULE ...] [--out PATH]
+    .venv/bin/python scripts/families_table.py [--only TYPE ...] [--import MODULE ...] [--out PATH] [--gguf-only]
 
 Every rotary causal-LM type of the installed Transformers goes through tests/family_matrix.py's checks (tiny random
 config, every scheme); each cell becomes verified / refused (patch_model's reason) / untested (why no tiny model
-could be built). A check that fails is not a table entry: the script lists the failures and exits 1 without writing,
+could be built). The GGUF column is tests/gguf_matrix.py's check (export_gguf's verdict on CoPE and its rope_freqs;
+--gguf-only recomputes that column alone, seconds, e.g. after hf_posenc/data/llama_cpp.json changed). A check that fails is not a table entry: the script lists the failures and exits 1 without writing,
 so the committed table only ever holds what the checks found. tests/test_families.py re-runs the checks per family
 and compares them with the committed row. About 2 minutes on 2 CPU cores.
 """
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--import", dest="imports", nargs="+", default=[], metavar="MODULE",
                     help="import these modules first: schemes they register get a column of their own")
     ap.add_argument("--out", type=Path, help="write the table here instead of hf_posenc/data/families.json")
+    ap.add_argument("--gguf-only", action="store_true",
+                    help="recompute the GGUF column only, keeping the scheme columns of the written table")
     args = ap.parse_args(argv)
 
     import transformers
@@ -35,7 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     import importlib
 
     import family_matrix
-    from hf_posenc.families.table import TABLE_PATH, table_schemes
+    from gguf_matrix import check_gguf
+    from hf_posenc.families.table import GGUF, TABLE_PATH, table_schemes
 
     for module in args.imports:
         importlib.import_module(module)
@@ -43,19 +47,29 @@ def main(argv: list[str] | None = None) -> int:
 
     transformers.logging.set_verbosity_error()
     types = args.only or family_matrix.universe()
-    table = json.loads(out_path.read_text()) if args.only and out_path.is_file() else {}
+    keep = (args.only or args.gguf_only) and out_path.is_file()
+    table = json.loads(out_path.read_text()) if keep else {}
     families = dict(table.get("families", {}))
     failures = []
     for model_type in tqdm(types, desc="families", unit="type"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            row = family_matrix.check_family(model_type, schemes, triage=True)
+            if args.gguf_only:
+                row = {k: v for k, v in families[model_type].items() if k != GGUF}
+            else:
+                row = family_matrix.check_family(model_type, schemes, triage=True)
+            try:
+                row[GGUF] = check_gguf(model_type)
+            except Exception as exc:  # a failed check: listed below, nothing written
+                row[GGUF] = {"status": "error", "reason": f"{type(exc).__name__}: {exc}"[:300]}
         failures += [f"{model_type} {s}: {e['reason']}" for s, e in row.items() if e["status"] == "error"]
         families[model_type] = row
     if failures:
         print("checks failed (fix them, or refuse the scheme with its reason in hf_posenc.families.OVERRIDES):")
         print("\n".join(f"  {f}" for f in failures))
         return 1
+    if args.gguf_only:
+        schemes = tuple(table["schemes"])
     out = {"transformers_version": transformers.__version__, "schemes": list(schemes),
            "families": dict(sorted(families.items()))}
     out_path.write_text(json.dumps(out, indent=1) + "\n")

@@ -15,8 +15,9 @@ import transformers
 import hf_posenc
 from family_matrix import RELOAD_ATOL, check_family, input_ids, logits, patched_for_round_trip, stock_model, universe
 from fresh import jobs_for, load_in_fresh_process
+from gguf_matrix import check_gguf
 from hf_posenc.families import FamilyRefused, family_for
-from hf_posenc.families.table import SCHEMES, load_table, verified_types
+from hf_posenc.families.table import GGUF, SCHEMES, gguf_types, load_table, verified_types
 
 TABLE = load_table()
 SAME_VERSION = TABLE["transformers_version"] == transformers.__version__
@@ -43,7 +44,7 @@ def test_table_verifies_at_least_80_families_per_frequency_scheme_and_refuses_ev
     for scheme in FREQUENCY:
         assert len(verified_types(scheme)) >= 80, (scheme, len(verified_types(scheme)))
     for model_type, row in TABLE["families"].items():
-        assert set(row) == set(SCHEMES), model_type
+        assert set(row) == set(SCHEMES) | {GGUF}, model_type
         for scheme, entry in row.items():
             # none silently untested: a type the tiny-config builder cannot build needs an EXTRA entry or a refusal
             assert entry["status"] in ("verified", "refused"), (model_type, scheme, entry)
@@ -64,7 +65,22 @@ def test_family_checks_give_its_table_row(model_type):
     if not SAME_VERSION and model_type not in MISSION:
         pytest.skip(f"support table of Transformers {TABLE['transformers_version']}, this is "
                     f"{transformers.__version__} (the six families of the mission are checked on any release)")
-    assert check_family(model_type) == TABLE["families"][model_type]
+    assert {**check_family(model_type), GGUF: check_gguf(model_type)} == TABLE["families"][model_type]
+
+
+def test_the_gguf_column_exports_every_family_llama_cpp_converts_to_an_architecture_reading_rope_freqs():
+    """The GGUF column against hf_posenc/data/llama_cpp.json (generated from llama.cpp's source): a family is
+    verified exactly when its patched model (CoPE) is and its architecture converts to one that reads rope_freqs
+    with one rotary setting for every layer (Mistral and Mixtral convert to `llama`)."""
+    from hf_posenc.gguf_export import llama_cpp_table
+
+    llama_cpp = llama_cpp_table()
+    assert {"llama", "mistral", "mixtral"} <= set(gguf_types(TABLE))
+    for model_type in gguf_types(TABLE):
+        family = family_for(model_type)
+        arch = llama_cpp["converter"][family.stock_model_class.__name__]
+        assert TABLE["families"][model_type][GGUF]["arch"] == arch and arch in llama_cpp["rope_freqs_architectures"]
+        assert TABLE["families"][model_type]["cope"]["status"] == "verified"
 
 
 def _fresh_jobs() -> list[tuple[str, str]]:
@@ -145,3 +161,13 @@ def test_docs_embed_the_generated_table():
     page = (Path(__file__).resolve().parents[1] / "docs" / "families.md").read_text()
     assert format_table(TABLE, markdown=True) in page, \
         "docs/families.md's table is stale: paste `hf-posenc families --markdown`"
+
+
+def test_the_export_page_lists_the_gguf_families_of_the_table():
+    from pathlib import Path
+
+    from hf_posenc.families.table import format_gguf_families
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "export-and-serving.md").read_text()
+    assert format_gguf_families(TABLE) in " ".join(page.split()), \
+        "docs/export-and-serving.md's GGUF families are stale: paste hf_posenc.families.table.format_gguf_families()"

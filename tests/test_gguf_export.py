@@ -147,6 +147,66 @@ def test_what_llama_cpp_cannot_express_is_refused_before_anything_is_written(tmp
     assert os.listdir(tmp_path) == []
 
 
+def _tiny(model_type):
+    """A tiny stock model of a family the suite's `tiny` module does not build (Mistral, Mixtral, Phi-3...)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tiny import COMMON
+
+    torch.manual_seed(0)
+    config = AutoConfig.for_model(model_type, **COMMON)
+    return AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+
+
+@pytest.mark.parametrize("model_type", ["mistral", "mixtral"])
+def test_families_llama_cpp_converts_to_its_llama_architecture_export(model_type):
+    """llama.cpp's converter writes Mistral and Mixtral checkpoints as its `llama` architecture, which reads
+    `rope_freqs` (hf_posenc/data/llama_cpp.json, generated from its source): they export like Llama."""
+    model = hf_posenc.patch_model(_tiny(model_type), "cope", clip_low_n=3)
+    assert gguf_export.llama_cpp_arch(model.config) == "llama"
+    factors, attention_factor, _ = gguf_rope_parameters(model)
+    torch.testing.assert_close(factors, taper_factors(8, 3).clamp(max=STOCK_INF_FACTOR).float(), rtol=0, atol=0)
+    assert attention_factor == 1.0
+
+
+def test_a_family_whose_llama_cpp_architecture_cannot_carry_the_scheme_is_refused_naming_all_three(tmp_path):
+    """The family, the llama.cpp architecture its converter writes, and the alternatives (export_stock, vLLM); a
+    ValueError (the command line prints it as one line), never a KeyError, for any family."""
+    model = hf_posenc.patch_model(_tiny("phi3"), "cope", clip_low_n=2)
+    with pytest.raises(ValueError) as refused:
+        export_gguf(model, tmp_path / "out.gguf", tokenizer=object(), llama_cpp=tmp_path)
+    message = str(refused.value)
+    assert "'phi3' models (Phi3ForCausalLM) to its 'phi3' architecture" in message, message
+    assert "export_stock" in message and "vLLM" in message and "\n" not in message
+    assert os.listdir(tmp_path) == []
+    table = gguf_export.llama_cpp_table()
+    assert table["converter"]["MistralForCausalLM"] == "llama" and "llama" in table["rope_freqs_architectures"]
+    assert table["converter"]["Qwen2ForCausalLM"] == "qwen2" and "qwen2" not in table["rope_freqs_architectures"]
+
+
+def test_a_family_llama_cpps_converter_has_no_class_for_is_refused(monkeypatch, tmp_path):
+    table = {**gguf_export.llama_cpp_table()}
+    table["converter"] = {k: v for k, v in table["converter"].items() if k != "MistralForCausalLM"}
+    monkeypatch.setattr(gguf_export, "llama_cpp_table", lambda: table)
+    model = hf_posenc.patch_model(_tiny("mistral"), "cope", clip_low_n=3)
+    with pytest.raises(ValueError, match=r"converter \(llama-cpp-python [\d.]+\) has no class for MistralForCausalLM"
+                                         r", so the 'mistral' family.*export_stock"):
+        gguf_rope_parameters(model)
+
+
+@pytest.mark.skipif(not any((ROOT / "build" / "llama-cpp-python").glob("llama_cpp_python-*.tar.gz")),
+                    reason="llama-cpp-python's source is not cached: run bash scripts/serving/setup_llamacpp.sh "
+                           "--converter")
+def test_the_committed_llama_cpp_table_is_what_its_source_says(tmp_path):
+    """hf_posenc/data/llama_cpp.json, regenerated from the cached llama.cpp source (scripts/llama_cpp_archs.py)."""
+    out = tmp_path / "llama_cpp.json"
+    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "llama_cpp_archs.py"), "--out", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(out.read_text()) == gguf_export.llama_cpp_table(), \
+        "hf_posenc/data/llama_cpp.json is stale: run .venv/bin/python scripts/llama_cpp_archs.py"
+
+
 def test_a_missing_converter_names_the_fix(tmp_path, monkeypatch):
     monkeypatch.delenv("HF_POSENC_LLAMA_CPP", raising=False)
     monkeypatch.setattr(gguf_export, "DEFAULT_LLAMA_CPP", tmp_path / "not-unpacked")  # as before the setup ran
@@ -294,3 +354,20 @@ def test_cli_export_gguf(tmp_path, smollm2_tokenizer, capsys):
     assert tensors["blk.0.attn_q.weight"].tensor_type == gguf.GGMLQuantizationType.F16
     assert np.array_equal(np.asarray(tensors[ROPE_FREQS].data), gguf_rope_parameters(model)[0].numpy())
     assert main(argv) == 2 and "exists; pass overwrite=True (--overwrite)" in capsys.readouterr().err
+
+
+def test_cli_prints_a_family_refusal_as_one_line(tmp_path, smollm2_tokenizer, capsys):
+    from hf_posenc.cli import main
+
+    model = hf_posenc.patch_model(tiny_model("qwen2", vocab_size=len(smollm2_tokenizer)), "cope", clip_low_n=2)
+    model.save_pretrained(tmp_path / "patched")
+    smollm2_tokenizer.save_pretrained(tmp_path / "patched")
+    capsys.readouterr()
+    assert main(["export", str(tmp_path / "patched"), str(tmp_path / "m.gguf"), "--gguf", "f16",
+                 "--llama-cpp", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if "error" in line]  # (besides the weight loading's progress bar)
+    assert len(errors) == 1 and "Traceback" not in err, err
+    assert errors[0].startswith("hf-posenc export: error: export_gguf: llama.cpp converts 'qwen2' models"), err
+    assert errors[0].endswith("lists the families that export to GGUF."), err
+    assert not (tmp_path / "m.gguf").exists()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import os
 import re
 from dataclasses import dataclass
 from typing import ClassVar
@@ -16,6 +17,7 @@ import hf_posenc
 from hf_posenc import remote_code
 from hf_posenc.schemes import REGISTRY, ROPE_TYPES, SCHEMES, RopeType, make_scheme, registry
 from hf_posenc.schemes.base import FrequencySchemeConfig, head_dim
+import outside_scheme
 from tiny import random_ids, tiny_model
 
 
@@ -43,9 +45,10 @@ class _HalfConfig(FrequencySchemeConfig):
 
     name: ClassVar[str] = "test_half"
     paper: ClassVar[str] = "none (test)"
+    rope_type: ClassVar[str] = "test_half"
 
     def rope_parameters(self, model_params, head_dim, max_position_embeddings):
-        return {"rope_type": "test_half", "rope_theta": model_params["rope_theta"]}
+        return {"rope_type": self.rope_type, "rope_theta": model_params["rope_theta"]}
 
 
 def _half_init(config, device=None, seq_len=None, layer_type=None):
@@ -202,3 +205,103 @@ def test_the_docs_scheme_from_outside_gets_its_refusals_and_its_table_column(tmp
     from hf_posenc.families.table import format_table
 
     assert "| half |" in format_table(table, markdown=True).splitlines()[0] + "|"
+
+
+def test_the_docs_scheme_from_outside_saves_and_exports_for_stock_transformers(tmp_path, tmp_path_factory):
+    """Registered in a script (module `__main__`, no package) or in a module of its own: every save works (the
+    remote code carries hf-posenc's schemes), and export_stock writes per-dimension factors (longrope, all 2: the
+    frequencies halved) that plain Transformers, in a fresh process without hf-posenc, runs with identical logits."""
+    import json
+
+    from fresh import jobs_for, load_in_fresh_process
+
+    runs = {mode: outside_scheme.user_run(mode, tmp_path_factory) for mode in outside_scheme.MODES}
+    for out, printed in runs.values():
+        assert printed["package"] == ""  # neither __main__ nor a top-level module has a package
+        for saved in ("patched", "cope"):
+            assert (out / saved / f"{remote_code.ENTRY}.py").is_file()
+        rope = json.loads((out / "stock" / "config.json").read_text())["rope_parameters"]
+        assert rope["rope_type"] == "longrope" and rope["short_factor"] == rope["long_factor"] == [2.0] * 8
+    ids = torch.load(runs["__main__"][0] / "ids.pt")
+    dirs = [out / "stock" for out, _ in runs.values()]
+    results = load_in_fresh_process(jobs_for(dirs, "stock"), ids, tmp_path, "stock")
+    for out, _ in runs.values():
+        got = results[str(out / "stock" / "logits-stock.pt")]
+        assert "error" not in got and got["class"] == "LlamaForCausalLM", got
+        want = torch.load(out / "logits.pt")
+        assert torch.equal(torch.load(out / "stock" / "logits-stock.pt"), want)
+        assert not torch.equal(torch.load(out / "plain.pt"), want)  # the scheme is what was exported
+
+
+def test_a_rope_type_named_dynamic_must_declare_it():
+    """Transformers recomputes a rope type whose name contains "dynamic" with the sequence length; export reads
+    `RopeType.dynamic`, so the two cannot disagree."""
+    with pytest.raises(ValueError, match=r"test_half_dynamic.*declare RopeType\(\.\.\., dynamic=True\)"):
+        registry.register_scheme(_HalfConfig, rope_types={"test_half_dynamic": RopeType(_half_init, _validate_half)})
+    assert "test_half" not in SCHEMES and "test_half_dynamic" not in ROPE_TYPES
+    assert ROPE_TYPES["cope_dynamic"].dynamic and not ROPE_TYPES["cope"].dynamic
+
+
+def test_export_reads_the_registry_for_a_scheme_from_outside(half_scheme, tmp_path):
+    """A static rope type registered from outside: per-dimension factors for stock Transformers (longrope) and for
+    llama.cpp (rope_freqs), exactly 2 (each frequency halved: Transformers' float32 default frequencies over the
+    patched ones), with no scheme name in the export modules."""
+    from hf_posenc.export import stock_config
+    from hf_posenc.gguf_export import gguf_rope_parameters
+
+    model = hf_posenc.patch_model(tiny_model("llama"), "test_half")
+    rope = stock_config(model).rope_parameters
+    assert rope["rope_type"] == "longrope" and rope["short_factor"] == rope["long_factor"] == [2.0] * 8
+    factors, attention_factor, _ = gguf_rope_parameters(model)
+    assert torch.equal(factors, torch.full((8,), 2.0)) and attention_factor == 1.0
+
+
+@dataclass(frozen=True)
+class _GrowingConfig(_HalfConfig):
+    """A scheme from outside whose frequencies depend on the sequence length (declared dynamic)."""
+
+    name: ClassVar[str] = "test_growing"
+    rope_type: ClassVar[str] = "test_growing_dynamic"
+
+
+def test_a_dynamic_rope_type_from_outside_is_refused_by_both_exports_naming_the_scheme(tmp_path):
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from hf_posenc.families.base import PosencConfigMixin
+
+    registry.register_scheme(_GrowingConfig, rope_types={
+        "test_growing_dynamic": RopeType(_half_init, _validate_half, dynamic=True)})
+    try:
+        model = hf_posenc.patch_model(tiny_model("llama"), "test_growing")
+        why = ("scheme 'test_growing' uses rope type 'test_growing_dynamic', whose frequencies change with the "
+               "sequence length")
+        with pytest.raises(ValueError, match=why + ".*no stock Transformers equivalent"):
+            hf_posenc.export_stock(model, tmp_path / "stock")
+        with pytest.raises(ValueError, match="export_gguf: " + why):
+            hf_posenc.export_gguf(model, tmp_path / "m.gguf", tokenizer=object(), llama_cpp=tmp_path)
+        assert os.listdir(tmp_path) == []
+    finally:
+        del REGISTRY["test_growing"], SCHEMES["test_growing"], ROPE_TYPES["test_growing_dynamic"]
+        del ROPE_INIT_FUNCTIONS["test_growing_dynamic"]
+        delattr(PosencConfigMixin, "_validate_test_growing_dynamic_rope_parameters")
+
+
+def test_a_scheme_defined_in_a_script_has_no_package_and_leaves_the_remote_code_alone(monkeypatch):
+    """A config class whose module has no package (`__main__` of a script or a notebook): registered with package
+    "", and the remote code (hf-posenc's own schemes) is bundled as before instead of failing on None."""
+    import sys
+    import types
+
+    script = types.ModuleType("a_users_script")  # as `__main__` of `python script.py`: __package__ is None
+    assert script.__package__ is None
+    monkeypatch.setitem(sys.modules, "a_users_script", script)
+    config = dataclass(frozen=True)(type("ScriptConfig", (FrequencySchemeConfig,), {
+        "__module__": "a_users_script", "__annotations__": {"name": ClassVar[str], "paper": ClassVar[str]},
+        "name": "test_script", "paper": "-"}))
+    before = remote_code.bundle()
+    scheme = registry.register_scheme(config)
+    try:
+        assert scheme.package == ""
+        assert remote_code.bundle() == before
+    finally:
+        del REGISTRY["test_script"], SCHEMES["test_script"]

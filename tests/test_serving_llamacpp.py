@@ -20,6 +20,7 @@ CONVERTER = ROOT / "build" / "llama-cpp-python" / "llama.cpp"
 sys.path.insert(0, str(ROOT / "scripts" / "serving"))
 
 from reference import compare, llamacpp_outputs, model_outputs, prompt_windows  # noqa: E402
+import outside_scheme  # noqa: E402
 from test_gguf_export import smollm2_tokenizer  # noqa: E402,F401  (fixture)
 from tiny import tiny_model  # noqa: E402
 
@@ -105,3 +106,40 @@ def test_smollm2_quantized_exports_keep_the_scheme_and_the_predictions(tmp_path,
         assert np.array_equal(np.asarray(freqs.data), gguf_rope_parameters(model)[0].numpy()), quant  # kept, F32
         got = compare(reference, llamacpp_outputs(path, prompts, 1))
         assert got["top1_agreement"] >= min_agreement and got["mean_abs_dlogprob"] <= max_mean_delta, (quant, got)
+
+
+@pytest.mark.parametrize("mode", outside_scheme.MODES)
+def test_a_scheme_registered_outside_the_package_runs_in_llama_cpp(tmp_path_factory, mode):
+    """docs/architecture.md's HalfConfig (every frequency halved), registered in a script run as `__main__` or in a
+    module of its own, exported to GGUF in that user's process: llama.cpp's greedy tokens are the patched model's."""
+    out, printed = outside_scheme.user_run(mode, tmp_path_factory)
+    got = llamacpp_outputs(out / "half.gguf", printed["prompts"], max_tokens=8, n_ctx=256)
+    same, other = compare(printed["outputs"], got), compare(printed["plain"], got)
+    assert same["greedy_identical"] and same["max_abs_dlogprob"] <= F32_TOLERANCE, same
+    assert other["max_abs_dlogprob"] > 100 * F32_TOLERANCE, other  # the scheme is what llama.cpp ran
+
+
+def test_a_mistral_model_with_cope_exports_to_f16_and_llama_cpp_gives_its_greedy_tokens(tmp_path, smollm2_tokenizer):
+    """llama.cpp converts Mistral checkpoints to its `llama` architecture, which reads `rope_freqs`: a Mistral-shaped
+    model (random weights, SmolLM2's vocabulary) with CoPE, written as f16, generates the patched model's greedy
+    tokens in llama.cpp (Transformers runs the same f16-rounded weights in float32)."""
+    from transformers import AutoModelForCausalLM, MistralConfig
+
+    from tiny import COMMON
+
+    def mistral():
+        torch.manual_seed(0)
+        config = MistralConfig(**{**COMMON, "vocab_size": len(smollm2_tokenizer), "initializer_range": 0.15,
+                                  "sliding_window": None})
+        model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").eval()
+        return model.half().float()  # the weights the f16 file holds
+
+    model = hf_posenc.patch_model(mistral(), "cope", clip_low_n=6)  # 6 of 8 pairs: far beyond f16's rounding
+    assert model.config.model_type == "hf_posenc_mistral"
+    prompts = _prompts()
+    path = export_gguf(model, tmp_path / "mistral.gguf", "f16", tokenizer=smollm2_tokenizer, llama_cpp=CONVERTER)
+    got = llamacpp_outputs(path, prompts, max_tokens=8, n_ctx=256)
+    same, other = compare(model_outputs(model, prompts, 8), got), compare(model_outputs(mistral(), prompts, 8), got)
+    # measured: f16 rounding moves the prompt log-probs by up to 0.0044, plain RoPE by 0.84 (and its greedy tokens)
+    assert same["greedy_identical"] and same["max_abs_dlogprob"] < 0.02, same
+    assert not other["greedy_identical"] and other["max_abs_dlogprob"] > 0.2, other  # CoPE is what llama.cpp ran

@@ -2,7 +2,9 @@
 
 The table is data, written by ``scripts/families_table.py`` from the same checks the tests run, and committed as
 ``hf_posenc/data/families.json``; a test re-runs the checks on a sample and compares. Entries are
-``{"status": "verified" | "refused" | "untested", "reason": "..."}`` (no reason for verified ones).
+``{"status": "verified" | "refused" | "untested", "reason": "..."}`` (no reason for verified ones). Each row also has
+a ``"gguf"`` cell: whether ``export_gguf`` carries a frequency scheme of the family to llama.cpp (verified, with the
+llama.cpp architecture ``"arch"`` it converts to, or refused with export_gguf's reason; ``tests/gguf_matrix.py``).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from ..schemes import SCHEMES as REGISTERED
 
 TABLE_PATH = Path(__file__).resolve().parent.parent / "data" / "families.json"
 SCHEMES = tuple(sorted(REGISTERED))  # the committed table's columns: the schemes of the package, by name
+GGUF = "gguf"  # the column after the schemes: export_gguf's verdict for the family
 
 
 def table_schemes() -> tuple[str, ...]:
@@ -50,23 +53,54 @@ def format_table(table: dict[str, Any], markdown: bool = False) -> str:
             entry = row.get(scheme, {"status": "untested", "reason": "not in the table"})
             reason = entry.get("reason")
             cells.append(entry["status"] + (f" ({reason})" if reason and not markdown else ""))
-        reasons = sorted({e["reason"] for e in row.values() if e.get("reason")})
+        gguf = row.get(GGUF)
+        if gguf is not None:  # the llama.cpp architecture it exports to; the refusal's reason in the text form only
+            verified = gguf["status"] == "verified"
+            cells.append(gguf["arch"] if verified else gguf["status"] + ("" if markdown else f" ({gguf['reason']})"))
+        reasons = sorted({e["reason"] for k, e in row.items() if e.get("reason") and k != GGUF})
         rows.append((model_type, cells, reasons))
+    columns = list(schemes) + ([GGUF] if any(GGUF in r for r in table["families"].values()) else [])
     counts = {s: sum(table["families"][t].get(s, {}).get("status") == "verified" for t in table["families"])
               for s in schemes}
     summary = ", ".join(f"{s}: {counts[s]}" for s in schemes)
     if markdown:
-        lines = ["| model type | " + " | ".join(schemes) + " | reasons |", "|---|" + "---|" * len(schemes) + "---|"]
+        lines = ["| model type | " + " | ".join(columns) + " | reasons |", "|---|" + "---|" * len(columns) + "---|"]
         for model_type, cells, reasons in rows:
             lines.append(f"| {model_type} | " + " | ".join(cells) + " | " + "; ".join(reasons) + " |")
         lines.append("")
-        lines.append(f"Verified per scheme (Transformers {table['transformers_version']}): {summary}.")
+        lines.append(f"Verified per scheme (Transformers {table['transformers_version']}): {summary}."
+                     + _gguf_summary(table))
         return "\n".join(lines)
-    lines = [f"Transformers {table['transformers_version']}; verified per scheme: {summary}", ""]
+    lines = [f"Transformers {table['transformers_version']}; verified per scheme: {summary}.{_gguf_summary(table)}",
+             ""]
     for model_type, cells, _ in rows:
         lines.append(model_type)
-        lines.extend(f"  {scheme:<9}{cell}" for scheme, cell in zip(schemes, cells))
+        lines.extend(f"  {column:<9}{cell}" for column, cell in zip(columns, cells))
     return "\n".join(lines)
 
 
-__all__ = ["SCHEMES", "TABLE_PATH", "format_table", "load_table", "table_schemes", "verified_types"]
+def gguf_types(table: dict[str, Any] | None = None) -> list[str]:
+    """The model types whose GGUF cell is verified: ``export_gguf`` carries their frequency schemes to llama.cpp."""
+    families = (table or load_table())["families"]
+    return sorted(t for t, row in families.items() if row.get(GGUF, {}).get("status") == "verified")
+
+
+def format_gguf_families(table: dict[str, Any] | None = None) -> str:
+    """The families ``export_gguf`` carries to llama.cpp, with the llama.cpp architecture each converts to, as one
+    Markdown sentence (embedded in docs/export-and-serving.md; a test keeps it equal to the table)."""
+    table = table or load_table()
+    by_arch: dict[str, list[str]] = {}
+    for model_type in gguf_types(table):
+        by_arch.setdefault(table["families"][model_type][GGUF]["arch"], []).append(model_type)
+    groups = "; ".join(f"`{arch}`: {', '.join(types)}" for arch, types in sorted(by_arch.items()))
+    return (f"{len(gguf_types(table))} of the {len(table['families'])} model types export to GGUF (llama.cpp "
+            f"architecture: model types): {groups}.")
+
+
+def _gguf_summary(table: dict[str, Any]) -> str:
+    exported = gguf_types(table)
+    return f" GGUF ({GGUF} column: the llama.cpp architecture): {len(exported)}." if exported else ""
+
+
+__all__ = ["GGUF", "SCHEMES", "TABLE_PATH", "format_gguf_families", "format_table", "gguf_types", "load_table", "table_schemes",
+           "verified_types"]

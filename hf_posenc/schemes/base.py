@@ -21,6 +21,10 @@ _SCALING_OPTION_KEYS = {
     "llama3": {"low_freq_factor", "high_freq_factor"},
 }
 _LLAMA3_DEFAULTS = {"low_freq_factor": 1.0, "high_freq_factor": 4.0}
+# A finite stand-in for an infinite per-dimension factor (a frequency set to 0, w = 0) in LongRoPE's factor lists and
+# llama.cpp's rope_freqs: JSON cannot hold inf, and f·b^(2j/d) overflows fp32 to inf for every j > 0 of any practical
+# base, giving exactly 0.
+STOCK_INF_FACTOR = 3.0e38
 
 
 def head_dim(config: Any) -> int:

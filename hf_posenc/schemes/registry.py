@@ -26,10 +26,24 @@ from .base import SchemeConfig
 class RopeType:
     """A Transformers rope type a scheme adds: ``init`` goes into ``ROPE_INIT_FUNCTIONS`` (``(config, device,
     seq_len, layer_type) -> (inv_freq, attention_scaling)``), ``validate`` becomes the patched configs'
-    ``_validate_<type>_rope_parameters`` (``(config, rope_parameters, ignore_keys)``)."""
+    ``_validate_<type>_rope_parameters`` (``(config, rope_parameters, ignore_keys)``).
+
+    What export reads (``hf_posenc.export_stock``, ``hf_posenc.export_gguf``; neither names a scheme):
+
+    * ``dynamic``: the frequencies depend on the sequence length (Transformers recomputes them as it grows, which it
+      does for a rope type whose name contains "dynamic", so such a name must declare it). No fixed vector expresses
+      them: export refuses the rope type, naming the scheme.
+    * Otherwise the rope type is one vector of per-dimension factors f_i = θ_i / θ'_i over plain RoPE's
+      θ_i = b^(−2i/d): stock Transformers' and vLLM's ``longrope`` (``short_factor == long_factor``) and llama.cpp's
+      ``rope_freqs`` tensor, with ``init``'s attention scaling. Export computes the factors from ``init``;
+      ``factors`` (``(config, rope_parameters, layer_type) -> (factors, attention_scaling)``, or ``None`` to let
+      export compute them) gives them in closed form where the scheme knows them exactly (CoPE's f = 1/w over the
+      default base, so that the stock export reproduces it bit for bit)."""
 
     init: Callable[..., Any]
     validate: Callable[..., None]
+    dynamic: bool = False
+    factors: Callable[..., tuple[Any, float] | None] | None = None
 
 
 @dataclass(frozen=True)
@@ -46,7 +60,8 @@ class AttentionFunctions:
 @dataclass(frozen=True)
 class Scheme:
     """What one scheme registered: its config class (name, options, install/uninstall, trainable modules), the
-    package that defines it, and what it adds to Transformers."""
+    package that defines it (``""`` for a scheme defined in a script or a notebook, whose module is ``__main__``),
+    and what it adds to Transformers."""
 
     config: type[SchemeConfig]
     package: str
@@ -74,10 +89,16 @@ def register_scheme(config: type[SchemeConfig], *, rope_types: Mapping[str, Rope
     if name in REGISTRY:
         raise ValueError(f"scheme {name!r} is already registered by {REGISTRY[name].package}; pick another "
                          "ClassVar `name` for the new config class.")
+    undeclared = sorted(n for n, r in (rope_types or {}).items() if "dynamic" in n and not r.dynamic)
+    if undeclared:
+        raise ValueError(f"scheme {name!r}: Transformers recomputes the frequencies of rope type(s) {undeclared} with "
+                         "the sequence length (the name contains 'dynamic'); declare RopeType(..., dynamic=True).")
     taken = sorted(set(rope_types or {}) & set(ROPE_TYPES))
     if taken:
         raise ValueError(f"scheme {name!r}: rope type(s) {taken} are already registered by another scheme.")
-    scheme = Scheme(config=config, package=sys.modules[config.__module__].__package__, rope_types=dict(rope_types or {}), attention=attention)
+    # a scheme defined in a script or a notebook (`__main__`) belongs to no package: ""
+    package = getattr(sys.modules.get(config.__module__), "__package__", None) or ""
+    scheme = Scheme(config=config, package=package, rope_types=dict(rope_types or {}), attention=attention)
     REGISTRY[name] = scheme
     SCHEMES[name] = config
     ROPE_TYPES.update(scheme.rope_types)

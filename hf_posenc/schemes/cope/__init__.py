@@ -24,11 +24,17 @@ from ..registry import RopeType, register_scheme
 from .config import (
     PAPER_CLIP_LOW_N, PAPER_N_FREQ, STOCK_INF_FACTOR, CoPEConfig, HardClipConfig, taper_factors, taper_weights,
 )
-from .rope_types import clipped_rope_init, cope_init, hardclip_init, validate_clipped_rope_parameters
+from .rope_types import (
+    clipped_rope_init, cope_init, cope_stock_factors, hardclip_init, hardclip_stock_factors,
+    validate_clipped_rope_parameters,
+)
 
-for _config, _init in ((CoPEConfig, cope_init), (HardClipConfig, hardclip_init)):
-    _rope_type = RopeType(init=_init, validate=validate_clipped_rope_parameters)
-    register_scheme(_config, rope_types={_config.name: _rope_type, f"{_config.name}_dynamic": _rope_type})
+for _config, _init, _factors in ((CoPEConfig, cope_init, cope_stock_factors),
+                                 (HardClipConfig, hardclip_init, hardclip_stock_factors)):
+    # over a static base: per-dimension factors (1/w exactly over the default base); over dynamic NTK: dynamic
+    _static = RopeType(init=_init, validate=validate_clipped_rope_parameters, factors=_factors)
+    _dynamic = RopeType(init=_init, validate=validate_clipped_rope_parameters, dynamic=True)
+    register_scheme(_config, rope_types={_config.name: _static, f"{_config.name}_dynamic": _dynamic})
 
 __all__ = [
     "CoPEConfig", "HardClipConfig", "taper_weights", "taper_factors", "clipped_rope_init",

@@ -9,13 +9,10 @@ from typing import Any, ClassVar
 
 import torch
 
-from ..base import FrequencySchemeConfig, check_type
+from ..base import STOCK_INF_FACTOR, FrequencySchemeConfig, check_type
 
 # CoPE's reference setting: the last 20 of Llama-3-8B's 64 frequencies (head dim 128).
 PAPER_CLIP_LOW_N, PAPER_N_FREQ = 20, 64
-# A finite stand-in for an infinite LongRoPE factor (w = 0): JSON cannot hold inf, and f·b^(2j/d) overflows fp32
-# to inf for every j > 0 of any practical base, giving exactly 0.
-STOCK_INF_FACTOR = 3.0e38
 SCHEME_KEYS = ("base_rope_type", "clip_low_n")
 
 

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from ..base import rotary_dim
-from .config import SCHEME_KEYS, taper_factors, taper_weights
+from .config import SCHEME_KEYS, STOCK_INF_FACTOR, taper_factors, taper_weights
 
 
 def clipped_rope_init(
@@ -36,8 +36,22 @@ def clipped_rope_init(
     return inv_freq * w, scaling
 
 
+def clipped_stock_factors(config: Any, params: dict[str, Any], layer_type: str | None = None, *, hard: bool = False,
+                          ) -> tuple[torch.Tensor, float] | None:
+    """``RopeType.factors``: over the ``default`` base, the taper's per-dimension factors f_j = 1/w_j (the rotated
+    pairs; ``STOCK_INF_FACTOR`` where w_j = 0) and attention scaling 1, which is how :func:`clipped_rope_init`
+    computes the frequencies, so LongRoPE with these factors reproduces them bit for bit; over any other base
+    ``None`` (export takes the ratios of the computed frequencies)."""
+    if params["base_rope_type"] != "default":
+        return None
+    factors = taper_factors(rotary_dim(config, params) // 2, params["clip_low_n"], hard)
+    return factors.clamp(max=STOCK_INF_FACTOR), 1.0
+
+
 cope_init = functools.partial(clipped_rope_init, hard=False)
 hardclip_init = functools.partial(clipped_rope_init, hard=True)
+cope_stock_factors = functools.partial(clipped_stock_factors, hard=False)
+hardclip_stock_factors = functools.partial(clipped_stock_factors, hard=True)
 
 
 def validate_clipped_rope_parameters(config: Any, rope_parameters: dict[str, Any], ignore_keys=None) -> None:
