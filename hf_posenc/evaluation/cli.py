@@ -1,12 +1,14 @@
-"""``hf-posenc eval MODEL [MODEL...] --tasks ppl passkey needle --lengths 512 1024 --out DIR``.
+"""``hf-posenc eval MODEL [MODEL...] --tasks ppl passkey niah_single_1 --lengths 512 1024 --out DIR``.
 
 Each MODEL is a directory, Hub id or ``.gguf`` file, optionally named ``NAME=PATH``. With ``--schemes SPEC...``
 the first MODEL is a base that each scheme patches in turn (``hf-posenc eval BASE --schemes rope
 cope:clip_low_n=10 prope:p=0.75 tapa``: a fresh copy per scheme, one model in memory at a time, no checkpoint
 saved); further MODELs are evaluated as saved, beside them. Models load one at a time with
 ``AutoModelForCausalLM.from_pretrained`` (a GGUF file dequantized through ``GgufConfig(dequantize=True)``), after
-``import hf_posenc`` so that checkpoints patched by hf-posenc load as such. DIR receives ``results.json``,
-``report.md``, ``perplexity.png`` and one accuracy heatmap per retrieval task.
+``import hf_posenc`` so that checkpoints patched by hf-posenc load as such. lm-eval's RULER tasks (the
+``hf-posenc[eval]`` extra) score the loaded or patched model object itself; a missing lm-eval, or a RULER task that
+downloads text while offline, is an error before any model loads. DIR receives ``results.json``, ``report.md``,
+``perplexity.png``, ``passkey.png`` and ``ruler.png``.
 """
 
 from __future__ import annotations
@@ -48,9 +50,12 @@ def parse_scheme_args(specs: list[str]) -> dict[str, Any]:
 def run_eval(args: argparse.Namespace) -> int:
     """Run ``hf-posenc eval``; returns the exit status (errors raise ``ValueError``/``OSError`` with the fix)."""
     from .report import write_report
-    from .runner import evaluate, evaluate_schemes, expand_tasks
+    from .harness import check_ruler_tasks
+    from .runner import RULER_TASKS, check_tasks, evaluate, evaluate_schemes
 
-    tasks = expand_tasks(args.tasks)
+    tasks = check_tasks(args.tasks)
+    if any(t in RULER_TASKS for t in tasks):  # before any model loads
+        check_ruler_tasks([t for t in tasks if t in RULER_TASKS], args.lengths)
     text = None
     if "ppl" in tasks:
         if not args.text:
@@ -67,7 +72,7 @@ def run_eval(args: argparse.Namespace) -> int:
                          "NAME=PATH.")
     shared_tokenizer = load_tokenizer(args.tokenizer) if args.tokenizer else None
     common = dict(text=text, stride=args.stride, max_tokens=args.max_tokens, trials=args.trials, seed=args.seed,
-                  num_distractors=args.distractors, num_values=args.values, max_new_tokens=args.max_new_tokens,
+                  samples=args.samples, batch_size=args.batch_size, max_new_tokens=args.max_new_tokens,
                   fast=not args.full_logits, chunk_size=args.chunk_size, progress=not args.no_progress)
 
     def load(name: str, path: str) -> Any:

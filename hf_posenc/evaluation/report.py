@@ -3,9 +3,11 @@
 Files in the output directory:
 
 * ``results.json``: every measurement (loads back with ``EvaluationResult.load_json``);
-* ``report.md``: perplexity per model × context length, retrieval accuracy per task × model × length;
+* ``report.md``: perplexity per model × context length, passkey accuracy and lm-eval RULER scores per task × model
+  × length;
 * ``perplexity.png``: perplexity against context length, one line per model (log y when it spans decades);
-* ``<task>.png`` (``passkey.png``, ``needle_single.png``, ...): accuracy heatmaps over length × depth per model.
+* ``passkey.png``: passkey accuracy heatmaps over length × depth per model;
+* ``ruler.png``: lm-eval RULER score heatmaps over length × task per model.
 
 Plots use matplotlib's Agg canvas directly, so no display and no global backend switch is needed.
 """
@@ -51,7 +53,31 @@ def markdown_report(result: EvaluationResult) -> str:
                      f"({_fmt(result.mean_accuracy(m, task, n, 'score'), 2)})" for n in lengths]
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
         lines.append("")
+    if result.lm_eval:
+        lines += _lm_eval_tables(result)
     return "\n".join(lines)
+
+
+def _lm_eval_tables(result: EvaluationResult) -> list[str]:
+    """One table per lm-eval task: each model's mean score at each length."""
+    version = result.settings.get("lm_eval_version", "?")
+    lines: list[str] = []
+    for task in result.lm_eval_tasks():
+        rows = [s for s in result.lm_eval if s.task == task]
+        lengths = sorted({s.length for s in rows})
+        models = list(dict.fromkeys(s.model for s in rows))
+        counts = sorted({sum(s.model == m and s.length == n for s in rows) for m in models for n in lengths})
+        lines += [f"## {task} (lm-eval {version}, RULER): mean score, {'/'.join(map(str, counts))} samples per "
+                  "length", ""]
+        lines += ["| model | " + " | ".join(f"L={n}" for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+        for m in models:
+            cells = []
+            for n in lengths:
+                scores = [s.score for s in rows if s.model == m and s.length == n]
+                cells.append(_fmt(sum(scores) / len(scores), 2) if scores else "–")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("")
+    return lines
 
 
 def _figure(width: float, height: float) -> Any:
@@ -111,6 +137,30 @@ def plot_accuracy_heatmaps(result: EvaluationResult, task: str, path: str | os.P
     return os.fspath(path)
 
 
+def plot_lm_eval_heatmaps(result: EvaluationResult, path: str | os.PathLike) -> str:
+    """One heatmap per model of the mean lm-eval score over task (rows) × context length (columns)."""
+    models = [m for m in result.models() if any(s.model == m for s in result.lm_eval)]
+    if not models:
+        raise ValueError("no lm-eval samples in the result; nothing to plot")
+    tasks = result.lm_eval_tasks()
+    fig = _figure(1.5 + 3.2 * len(models), 1.6 + 0.35 * len(tasks))
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    image = None
+    for ax, m in zip(axes, models):
+        tasks, lengths, grid = result.lm_eval_grid(m)
+        image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto", origin="upper")
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], rotation=45)
+        ax.set_yticks(range(len(tasks)), tasks)
+        ax.set_xlabel("context length (tokens)")
+        ax.set_title(m)
+        for i, row in enumerate(grid):
+            for j, v in enumerate(row):
+                ax.text(j, i, _fmt(v, 2), ha="center", va="center", fontsize=7)
+    fig.colorbar(image, ax=list(axes), label="lm-eval RULER score")
+    fig.savefig(os.fspath(path), dpi=120)
+    return os.fspath(path)
+
+
 def write_report(result: EvaluationResult, out_dir: str | os.PathLike) -> list[str]:
     """Write ``results.json``, ``report.md`` and the plots into ``out_dir``; returns the written paths."""
     out_dir = os.fspath(out_dir)
@@ -123,4 +173,6 @@ def write_report(result: EvaluationResult, out_dir: str | os.PathLike) -> list[s
         written.append(plot_perplexity(result, os.path.join(out_dir, "perplexity.png")))
     for task in result.tasks():
         written.append(plot_accuracy_heatmaps(result, task, os.path.join(out_dir, f"{task}.png")))
+    if result.lm_eval:
+        written.append(plot_lm_eval_heatmaps(result, os.path.join(out_dir, "ruler.png")))
     return written

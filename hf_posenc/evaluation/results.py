@@ -1,8 +1,9 @@
 """Typed evaluation results that round-trip through JSON.
 
 :class:`EvaluationResult` holds every perplexity measurement (:class:`PerplexityResult`) and every retrieval trial
-(:class:`RetrievalTrial`, one prompt × one model) of an :func:`~hf_posenc.evaluation.evaluate` call; accuracy grids
-over context length × needle depth are computed from the trials, so nothing aggregated is stored twice.
+(:class:`RetrievalTrial`, one prompt × one model) and every sample of lm-eval's RULER tasks (:class:`LmEvalSample`)
+of an :func:`~hf_posenc.evaluation.evaluate` call; accuracy grids over context length × needle depth (passkey) or
+task (RULER) are computed from them, so nothing aggregated is stored twice.
 """
 
 from __future__ import annotations
@@ -58,22 +59,58 @@ class RetrievalTrial:
 
 
 @dataclass
+class LmEvalSample:
+    """One sample of an lm-eval RULER task answered by one model.
+
+    ``length`` is the task's requested length (lm-eval's ``max_seq_length``: prompt plus the task's answer budget),
+    ``index`` the sample's number at that length, ``prompt_tokens`` the prompt's tokens as the model read them;
+    ``score`` is lm-eval's metric of the sample: the fraction of ``answers`` found in ``output``."""
+
+    model: str
+    task: str
+    length: int
+    index: int
+    prompt_tokens: int
+    answers: list[str]
+    output: str
+    score: float
+
+
+@dataclass
 class EvaluationResult:
     """Everything one evaluation produced, plus the settings that produced it."""
 
     perplexity: list[PerplexityResult] = field(default_factory=list)
     retrieval: list[RetrievalTrial] = field(default_factory=list)
     settings: dict[str, Any] = field(default_factory=dict)
+    lm_eval: list[LmEvalSample] = field(default_factory=list)
 
     # -- queries ------------------------------------------------------------------------------------------------
     def models(self) -> list[str]:
         """Model names in first-seen order."""
-        names = [r.model for r in self.perplexity] + [t.model for t in self.retrieval]
+        names = [r.model for r in self.perplexity] + [t.model for t in self.retrieval] + [s.model for s in self.lm_eval]
         return list(dict.fromkeys(names))
 
     def tasks(self) -> list[str]:
         """Retrieval task names in first-seen order."""
         return list(dict.fromkeys(t.task for t in self.retrieval))
+
+    def lm_eval_tasks(self) -> list[str]:
+        """lm-eval task names in first-seen order."""
+        return list(dict.fromkeys(s.task for s in self.lm_eval))
+
+    def lm_eval_grid(self, model: str) -> tuple[list[str], list[int], list[list[float]]]:
+        """``(tasks, lengths, grid)`` with ``grid[i][j]`` ``model``'s mean lm-eval score on ``tasks[i]`` at
+        ``lengths[j]`` (NaN where none ran)."""
+        tasks, lengths = self.lm_eval_tasks(), sorted({s.length for s in self.lm_eval})
+        grid = []
+        for task in tasks:
+            row = []
+            for n in lengths:
+                scores = [s.score for s in self.lm_eval if s.model == model and s.task == task and s.length == n]
+                row.append(sum(scores) / len(scores) if scores else math.nan)
+            grid.append(row)
+        return tasks, lengths, grid
 
     def accuracy_grid(
         self, model: str, task: str, metric: str = "exact"
@@ -103,7 +140,7 @@ class EvaluationResult:
     def merge(self, other: EvaluationResult) -> EvaluationResult:
         """A new result with both results' measurements (settings of ``self`` win on conflicts)."""
         return EvaluationResult(self.perplexity + other.perplexity, self.retrieval + other.retrieval,
-                                {**other.settings, **self.settings})
+                                {**other.settings, **self.settings}, self.lm_eval + other.lm_eval)
 
     # -- JSON ---------------------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -123,4 +160,5 @@ class EvaluationResult:
                 if r.get(key) is None:
                     r[key] = math.inf
         return cls([PerplexityResult(**r) for r in data.get("perplexity", [])],
-                   [RetrievalTrial(**t) for t in data.get("retrieval", [])], data.get("settings", {}))
+                   [RetrievalTrial(**t) for t in data.get("retrieval", [])], data.get("settings", {}),
+                   [LmEvalSample(**s) for s in data.get("lm_eval", [])])

@@ -1,40 +1,39 @@
-"""``evaluate``: several models (or positional-encoding schemes) × perplexity, passkey and needle tasks."""
+"""``evaluate``: several models (or positional-encoding schemes) × perplexity, passkey and lm-eval's RULER tasks."""
 
 from __future__ import annotations
 
 import copy
 import random
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from tqdm.auto import tqdm
 
 from hf_posenc_cli.arguments import EVAL_TASKS as TASKS  # the command line's --tasks and --depths
 from hf_posenc_cli.arguments import NEEDLE_DEPTHS as DEFAULT_DEPTHS
+from hf_posenc_cli.arguments import RULER_SAMPLES, RULER_TASKS
 
-from .needle import NEEDLE_TASKS, TOKENS_PER_VALUE, build_needle_prompt, score_needle
 from .passkey import KEY_RANGE, MAX_NEW_TOKENS, build_passkey_prompt, score_passkey
 from .perplexity import perplexity_at_lengths, tokenize_text
 from .prompting import GenerateFn, greedy_generate
 from .results import EvaluationResult, RetrievalTrial
 
 
-def expand_tasks(tasks: Sequence[str]) -> list[str]:
-    """Task names with ``needle`` expanded to ``needle_single``, ``needle_multikey``, ``needle_multivalue``."""
+def check_tasks(tasks: Sequence[str]) -> list[str]:
+    """``tasks`` as a list without repeats, each one of :data:`TASKS` (``ppl``, ``passkey`` and lm-eval's RULER
+    tasks)."""
     if isinstance(tasks, str):
         raise TypeError(f"tasks must be a list of names such as ['ppl', 'passkey'], got the string {tasks!r}")
     unknown = [t for t in tasks if t not in TASKS]
     if unknown or not tasks:
         raise ValueError(f"unknown tasks {unknown}; choose from {', '.join(TASKS)}")
-    out: list[str] = []
-    for t in tasks:
-        out += [f"needle_{n}" for n in NEEDLE_TASKS] if t == "needle" else [t]
-    return list(dict.fromkeys(out))
+    return list(dict.fromkeys(tasks))
 
 
 def prompt_rng(seed: int, task: str, length: int, depth: float, trial: int) -> random.Random:
-    """The random stream of one retrieval prompt of :func:`evaluate`'s grid (its key or values): the same for every
-    model evaluated with ``seed``, so models are compared on the same prompts."""
+    """The random stream of one retrieval prompt of :func:`evaluate`'s grid (its key): the same for every model
+    evaluated with ``seed``, so models are compared on the same prompts."""
     return random.Random(f"{seed}/{task}/{length}/{float(depth)!r}/{trial}")
 
 
@@ -43,24 +42,130 @@ def passkey_key(seed: int, length: int, depth: float, trial: int) -> int:
     return prompt_rng(seed, "passkey", length, depth, trial).randint(*KEY_RANGE)
 
 
-def _prompt(task: str, tokenizer: Any, length: int, depth: float, rng: random.Random, num_distractors: int,
-            num_values: int):
-    if task == "passkey":
-        return build_passkey_prompt(tokenizer, length, depth, rng.randint(*KEY_RANGE))
-    return build_needle_prompt(tokenizer, task.removeprefix("needle_"), length, depth, rng, num_distractors, num_values)
+@dataclass
+class _Plan:
+    """What :func:`evaluate` was asked, checked; the prompts it builds, shared by every model it scores (passkey
+    prompts and lm-eval's RULER tasks are built once per tokenizer)."""
+
+    tasks: list[str]
+    lengths: list[int]
+    depths: list[float]
+    text: str | None
+    options: dict[str, Any]  # stride, max_tokens, trials, seed, samples, max_new_tokens, batch_size
+    generate: GenerateFn
+    fast: bool
+    chunk_size: int
+    progress: bool
+    _passkeys: dict[tuple[int, int, float, int], Any] = field(default_factory=dict)
+    _ruler: dict[int, Any] = field(default_factory=dict)
+
+    @property
+    def ruler_tasks(self) -> list[str]:
+        return [t for t in self.tasks if t in RULER_TASKS]
+
+    def settings(self) -> dict[str, Any]:
+        settings = {"tasks": self.tasks, "lengths": self.lengths, "depths": self.depths, **self.options}
+        if self.ruler_tasks:
+            from .harness import lm_eval_version
+
+            settings["lm_eval_version"] = lm_eval_version()
+        return settings
+
+    def passkey_prompt(self, tokenizer: Any, length: int, depth: float, trial: int) -> Any:
+        key = (id(tokenizer), length, depth, trial)
+        if key not in self._passkeys:
+            self._passkeys[key] = build_passkey_prompt(tokenizer, length, depth,
+                                                       passkey_key(self.options["seed"], length, depth, trial))
+        return self._passkeys[key]
+
+    def ruler(self, tokenizer: Any) -> Any:
+        if id(tokenizer) not in self._ruler:
+            from .harness import RulerTasks
+
+            self._ruler[id(tokenizer)] = RulerTasks.build(tokenizer, self.ruler_tasks, self.lengths,
+                                                          self.options["samples"], self.options["seed"])
+        return self._ruler[id(tokenizer)]
 
 
-def _score(task: str, output: str, answers: list[str]) -> tuple[float, bool]:
-    if task == "passkey":
-        hit = score_passkey(output, int(answers[0]))
-        return float(hit), hit
-    return score_needle(output, answers)
+def _plan(tasks: Sequence[str], lengths: Sequence[int], depths: Sequence[float], *, text: str | None = None,
+          stride: int | None = None, max_tokens: int | None = None, trials: int = 1, seed: int = 0,
+          samples: int = RULER_SAMPLES, batch_size: int = 1, max_new_tokens: int | None = None,
+          generate: GenerateFn | None = None, fast: bool = True, chunk_size: int = 1024,
+          progress: bool = True) -> _Plan:
+    """The checked plan of an :func:`evaluate` call (its arguments): a bad argument, a missing lm-eval or an offline
+    RULER task that downloads text fails here, before any model runs."""
+    options = {"stride": stride, "max_tokens": max_tokens, "trials": trials, "seed": seed, "samples": samples,
+               "batch_size": batch_size, "max_new_tokens": max_new_tokens}
+    task_list = check_tasks(tasks)
+    lengths = [int(n) for n in lengths]
+    depths = [float(d) for d in depths]
+    if not lengths or min(lengths) < 2:
+        raise ValueError(f"lengths must be a non-empty list of token counts >= 2, got {lengths}")
+    if trials < 1 or samples < 1 or batch_size < 1:
+        raise ValueError(f"trials, samples and batch_size must be >= 1, got {trials}, {samples} and {batch_size}")
+    if "ppl" in task_list and text is None:
+        raise ValueError("the 'ppl' task needs text= (the evaluation text as a string); or drop 'ppl' from tasks")
+    if "passkey" in task_list and not depths:
+        raise ValueError("depths must list at least one needle depth in [0, 1] for the passkey task")
+    plan = _Plan(task_list, lengths, depths, text, options, greedy_generate if generate is None else generate, fast,
+                 chunk_size, progress)
+    if plan.ruler_tasks:
+        from .harness import check_ruler_tasks
+
+        check_ruler_tasks(plan.ruler_tasks, lengths)
+    return plan
+
+
+def _perplexity(plan: _Plan, name: str, model: Any, tokenizer: Any) -> EvaluationResult:
+    ids = tokenize_text(tokenizer, plan.text, plan.options["max_tokens"])
+    return EvaluationResult(perplexity_at_lengths(model, ids, plan.lengths, plan.options["stride"], name=name,
+                                                  fast=plan.fast, chunk_size=plan.chunk_size,
+                                                  progress=plan.progress))
+
+
+def _passkey(plan: _Plan, name: str, model: Any, tokenizer: Any) -> EvaluationResult:
+    grid = [(n, d, i) for n in plan.lengths for d in plan.depths for i in range(plan.options["trials"])]
+    trials = []
+    for length, depth, trial in tqdm(grid, desc=f"passkey {name}", disable=not plan.progress, leave=False):
+        prompt = plan.passkey_prompt(tokenizer, length, depth, trial)
+        output = plan.generate(model, tokenizer, prompt.text, plan.options["max_new_tokens"] or MAX_NEW_TOKENS)
+        hit = score_passkey(output, int(prompt.answers[0]))
+        trials.append(RetrievalTrial(model=name, task="passkey", length=length, depth=depth, trial=trial,
+                                     prompt_tokens=prompt.tokens, answers=list(prompt.answers), output=output,
+                                     score=float(hit), exact=hit))
+    return EvaluationResult(retrieval=trials)
+
+
+def _ruler(plan: _Plan, name: str, model: Any, tokenizer: Any) -> EvaluationResult:
+    samples = plan.ruler(tokenizer).run(name, model, max_new_tokens=plan.options["max_new_tokens"],
+                                        batch_size=plan.options["batch_size"])
+    return EvaluationResult(lm_eval=samples)
+
+
+def _run(plan: _Plan, models: Mapping[str, Any], tokenizer: Any) -> EvaluationResult:
+    tokenizers = {name: tokenizer[name] if isinstance(tokenizer, Mapping) else tokenizer for name in models}
+    result = EvaluationResult(settings=plan.settings())
+    for name, model in models.items():
+        result = result.merge(_score(plan, name, model, tokenizers[name]))
+    return result
+
+
+def _score(plan: _Plan, name: str, model: Any, tokenizer: Any) -> EvaluationResult:
+    """One model on every task of the plan."""
+    result = EvaluationResult()
+    if "ppl" in plan.tasks:
+        result = result.merge(_perplexity(plan, name, model, tokenizer))
+    if "passkey" in plan.tasks:
+        result = result.merge(_passkey(plan, name, model, tokenizer))
+    if plan.ruler_tasks:
+        result = result.merge(_ruler(plan, name, model, tokenizer))
+    return result
 
 
 def evaluate(
     models: Mapping[str, Any],
     tokenizer: Any,
-    tasks: Sequence[str] = ("ppl", "passkey", "needle"),
+    tasks: Sequence[str] = ("ppl", "passkey"),
     lengths: Sequence[int] = (512, 1024),
     depths: Sequence[float] = DEFAULT_DEPTHS,
     *,
@@ -69,8 +174,8 @@ def evaluate(
     max_tokens: int | None = None,
     trials: int = 1,
     seed: int = 0,
-    num_distractors: int = 3,
-    num_values: int = 4,
+    samples: int = RULER_SAMPLES,
+    batch_size: int = 1,
     max_new_tokens: int | None = None,
     generate: GenerateFn | None = None,
     fast: bool = True,
@@ -81,57 +186,20 @@ def evaluate(
 
     * ``ppl``: sliding-window perplexity of ``text`` at each of ``lengths`` (see :mod:`.perplexity`);
     * ``passkey``: Landmark-attention passkey retrieval on the ``lengths`` × ``depths`` grid, ``trials`` keys each;
-    * ``needle`` (or ``needle_single`` / ``needle_multikey`` / ``needle_multivalue``): RULER-style needles.
+    * lm-eval's RULER tasks (``niah_single_1``, ``ruler_vt``, ...; the ``hf-posenc[eval]`` extra): the first
+      ``samples`` of the 500 lm-eval builds at each of ``lengths`` (see :mod:`.harness`), ``batch_size`` prompts per
+      generate call.
 
     ``tokenizer`` is one tokenizer or a mapping name → tokenizer. Prompts depend only on ``seed``, task, length,
-    depth and trial (and the tokenizer), so every model answers the same prompts. ``generate`` replaces greedy
-    decoding (``generate(model, tokenizer, prompt, max_new_tokens) -> text``); ``max_new_tokens`` overrides the
-    per-task defaults (10 for the passkey, 12 per expected needle value)."""
+    depth and trial (and the tokenizer), so every model answers the same prompts. ``generate`` replaces the
+    passkey's greedy decoding (``generate(model, tokenizer, prompt, max_new_tokens) -> text``); ``max_new_tokens``
+    overrides the per-task answer lengths (10 for the passkey, each RULER task's own)."""
     if not isinstance(models, Mapping) or not models:
         raise TypeError("models must be a non-empty dict mapping a name to a model, e.g. {'rope': m1, 'cope': m2}")
-    task_list = expand_tasks(tasks)
-    lengths = [int(n) for n in lengths]
-    depths = [float(d) for d in depths]
-    if not lengths or min(lengths) < 2:
-        raise ValueError(f"lengths must be a non-empty list of token counts >= 2, got {lengths}")
-    if trials < 1:
-        raise ValueError(f"trials must be >= 1, got {trials}")
-    if "ppl" in task_list and text is None:
-        raise ValueError("the 'ppl' task needs text= (the evaluation text as a string); or drop 'ppl' from tasks")
-    retrieval_tasks = [t for t in task_list if t != "ppl"]
-    if retrieval_tasks and not depths:
-        raise ValueError("depths must list at least one needle depth in [0, 1] for the retrieval tasks")
-    tokenizers = {name: tokenizer[name] if isinstance(tokenizer, Mapping) else tokenizer for name in models}
-    generate = greedy_generate if generate is None else generate
-
-    result = EvaluationResult(settings={
-        "tasks": task_list, "lengths": lengths, "depths": depths, "stride": stride, "max_tokens": max_tokens,
-        "trials": trials, "seed": seed, "num_distractors": num_distractors, "num_values": num_values,
-        "max_new_tokens": max_new_tokens,
-    })
-    prompt_cache: dict[tuple[int, str, int, float, int], Any] = {}
-    for name, model in models.items():
-        tok = tokenizers[name]
-        if "ppl" in task_list:
-            ids = tokenize_text(tok, text, max_tokens)
-            result.perplexity += perplexity_at_lengths(model, ids, lengths, stride, name=name, fast=fast,
-                                                       chunk_size=chunk_size, progress=progress)
-        grid = [(t, n, d, i) for t in retrieval_tasks for n in lengths for d in depths for i in range(trials)]
-        for task, length, depth, trial in tqdm(grid, desc=f"retrieval {name}", disable=not progress or not grid,
-                                               leave=False):
-            cache_key = (id(tok), task, length, depth, trial)
-            if cache_key not in prompt_cache:
-                rng = prompt_rng(seed, task, length, depth, trial)
-                prompt_cache[cache_key] = _prompt(task, tok, length, depth, rng, num_distractors, num_values)
-            prompt = prompt_cache[cache_key]
-            budget = max_new_tokens or (MAX_NEW_TOKENS if task == "passkey" else TOKENS_PER_VALUE * len(prompt.answers))
-            output = generate(model, tok, prompt.text, budget)
-            score, exact = _score(task, output, prompt.answers)
-            result.retrieval.append(RetrievalTrial(
-                model=name, task=task, length=length, depth=depth, trial=trial, prompt_tokens=prompt.tokens,
-                answers=list(prompt.answers), output=output, score=score, exact=exact,
-            ))
-    return result
+    plan = _plan(tasks, lengths, depths, text=text, stride=stride, max_tokens=max_tokens, trials=trials, seed=seed,
+                 samples=samples, batch_size=batch_size, max_new_tokens=max_new_tokens, generate=generate, fast=fast,
+                 chunk_size=chunk_size, progress=progress)
+    return _run(plan, models, tokenizer)
 
 
 SchemeSpec = Any  # "cope:clip_low_n=10", a SchemeConfig, or None (the base as it is)
@@ -152,7 +220,7 @@ def evaluate_schemes(
     base: Any | Callable[[], Any],
     schemes: Sequence[SchemeSpec] | Mapping[str, SchemeSpec],
     tokenizer: Any,
-    tasks: Sequence[str] = ("ppl", "passkey", "needle"),
+    tasks: Sequence[str] = ("ppl", "passkey"),
     lengths: Sequence[int] = (512, 1024),
     depths: Sequence[float] = DEFAULT_DEPTHS,
     *,
@@ -187,12 +255,13 @@ def evaluate_schemes(
             raise TypeError(f"scheme {name!r}: expected a spec string, a SchemeConfig or None, got "
                             f"{type(spec).__name__}")
     fresh = base if callable(base) and not hasattr(base, "config") else (lambda: copy.deepcopy(base))
+    plan = _plan(tasks, lengths, depths, progress=progress, **kwargs)  # every scheme answers the same prompts
     result = None
     for name, scheme in parsed.items():  # one patched model at a time
         model = fresh()
         if scheme is not None:
             patch_model(model, scheme, replace=replace)
-        part = evaluate({name: model}, tokenizer, tasks, lengths, depths, progress=progress, **kwargs)
+        part = _run(plan, {name: model}, tokenizer)
         result = part if result is None else result.merge(part)
         del model
     result.settings["schemes"] = {name: None if s is None else {"scheme": s.name, **s.to_dict()}
