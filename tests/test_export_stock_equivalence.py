@@ -53,3 +53,12 @@ def sharpen_attention(model):
         for proj in (layer.self_attn.q_proj, layer.self_attn.k_proj):
             proj.weight.data *= 6.0
     return model
+
+
+def test_cope_over_the_default_base_is_written_as_its_own_factors_bit_for_bit_at_a_real_head_width():
+    """SmolLM2's head width (64: clip 10 of 32 pairs): the stock factors are CoPE's 1/w itself (its rope type's
+    closed form), which LongRoPE turns into exactly the patched frequencies; the ratios of the computed frequencies
+    would miss 3 of them by a float32 rounding step."""
+    patched = hf_posenc.patch_model(tiny_model("llama", head_dim=64), "cope", clip_low_n=10)
+    stock = AutoModelForCausalLM.from_config(stock_config(patched), attn_implementation="eager")
+    assert torch.equal(stock.model.rotary_emb.inv_freq, patched.model.rotary_emb.inv_freq)

@@ -99,7 +99,8 @@ def format_gguf_families(table: dict[str, Any] | None = None) -> str:
 
 def _gguf_summary(table: dict[str, Any]) -> str:
     exported = gguf_types(table)
-    return f" GGUF ({GGUF} column: the llama.cpp architecture): {len(exported)}." if exported else ""
+    return (f" Export to GGUF: {len(exported)} (the {GGUF} column: the llama.cpp architecture each converts to)."
+            if exported else "")
 
 
 __all__ = ["GGUF", "SCHEMES", "TABLE_PATH", "format_gguf_families", "format_table", "gguf_types", "load_table", "table_schemes",
