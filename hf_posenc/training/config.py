@@ -302,7 +302,8 @@ class EvaluationSection:
     Attributes:
         enabled: run it.
         lengths: context lengths to evaluate at (default: the training length).
-        tasks: any of ``ppl`` (stride perplexity), ``passkey``, ``needle`` (or one needle variant).
+        tasks: any of ``ppl`` (stride perplexity), ``passkey``, or lm-eval's RULER tasks (``niah_single_1``,
+            ``ruler_vt``, ...; the ``hf-posenc[eval]`` extra).
         text_files: text for the perplexity task (default: the training documents, which flatters the model).
         options: extra keyword arguments of ``hf_posenc.evaluation.evaluate`` (``depths``, ``trials``,
             ``stride``, ``max_tokens``, ...).
