@@ -2,8 +2,8 @@
 
 Standard library only, and no import of ``hf_posenc`` (an import-linter contract): importing ``hf_posenc`` registers
 its schemes with Transformers, which imports torch, and help, ``--version`` and argument errors are answered from
-this module alone. The command-line vocabulary (analyses, evaluation tasks, experiment names and sizes, selftest
-sizes) is defined here once; the modules that run the commands import it from here.
+this module alone. The names the arguments accept are :mod:`hf_posenc_cli.vocabulary`'s, which the modules that
+run the commands import too.
 """
 
 from __future__ import annotations
@@ -15,23 +15,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-PERTURBATION_SCORES = ("all", "unperturbed")  # hf_posenc.diagnostics.perturbation.SCORES
-ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
-# the evaluation tasks: hf-posenc's own (perplexity, passkey), then lm-evaluation-harness's RULER tasks
-# (hf_posenc.evaluation.harness runs them, with the hf-posenc[eval] extra); the first six build their samples locally
-RULER_LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")
-RULER_TASKS = RULER_LOCAL_TASKS + ("niah_single_2", "niah_single_3", "niah_multikey_1", "niah_multiquery",
-                                   "niah_multivalue", "ruler_qa_squad", "ruler_qa_hotpot")
-EVAL_TASKS = ("ppl", "passkey") + RULER_TASKS
-NEEDLE_DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)  # the passkey's needle
-RULER_SAMPLES = 50  # samples per length of each RULER task (lm-eval builds 500; published RULER figures use all)
-WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
-# experiment name -> its module in hf_posenc_experiments and its config in hf_posenc_experiments.cli.CONFIGS
-EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth",
-               "tapa_scale", "tape_arithmetic", "cope_passkey", "tape_peft")
-EXPERIMENT_SIZES = ("toy", "small", "gpu")  # gpu: only the experiments made for a GPU
-SELFTEST_SIZES = ("realistic", "small", "tiny")
-SELFTEST_DTYPES = ("bf16", "fp16", "fp32")
+from .vocabulary import (  # the names the arguments accept (hf_posenc and hf_posenc_experiments import them there)
+    PERTURBATION_SCORES, ANALYSES, RULER_LOCAL_TASKS, RULER_TASKS, EVAL_TASKS, NEEDLE_DEPTHS, RULER_SAMPLES,
+    WEIGHT_DTYPES, EXPERIMENTS, EXPERIMENT_SIZES, SELFTEST_SIZES, SELFTEST_DTYPES,
+)
 
 
 def version() -> str:

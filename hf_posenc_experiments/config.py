@@ -12,7 +12,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from hf_posenc_cli.arguments import EXPERIMENT_SIZES as SIZES
+from hf_posenc_cli.vocabulary import EXPERIMENT_SIZES as SIZES
 
 from hf_posenc.schemes.spec import parse_scheme_spec
 

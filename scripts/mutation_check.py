@@ -658,6 +658,14 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_cli.py::test_help_version_and_argument_errors_import_neither_hf_posenc_nor_torch",),
         "help, --version and argument errors must answer before hf_posenc (and so torch) is imported",
     ),
+    Mutation(
+        "library-may-import-the-console-command", "pyproject.toml",
+        'forbidden_modules = ["hf_posenc_experiments", "hf_posenc_experiments.**", "hf_posenc_cli", "hf_posenc_cli.__main__"]',
+        'forbidden_modules = ["hf_posenc_experiments", "hf_posenc_experiments.**", "hf_posenc_cli.__main__"]',
+        ("tests/test_layers.py::test_the_library_importing_the_console_command_breaks_its_contract",),
+        "the library imports of hf_posenc_cli only its standard-library vocabulary and parsers, never the console "
+        "command that runs the library and the research harness",
+    ),
     # -- the command line on a model without rotary embeddings, and -o's form (issue #45) ---------------------------
     Mutation(
         "info-reads-rope-parameters-of-any-config", "hf_posenc/cli.py",

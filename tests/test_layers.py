@@ -1,11 +1,14 @@
 """The package's layers (pyproject.toml, [tool.importlinter]): upstream <- kernels <- schemes <- core <- io <- apps <- front,
 each importing only the ones below it, every top-level module placed in a layer. Checked with import-linter on
 the package as it is, and shown to fail on a copy where a lower layer imports a higher one. A second contract keeps
-the command line's argument parsers (hf_posenc_cli/arguments.py) free of hf_posenc, torch and Transformers, and a third
-keeps the research harness (hf_posenc_experiments) out of the library."""
+the command line's vocabulary and argument parsers (hf_posenc_cli/vocabulary.py, arguments.py) free of hf_posenc,
+torch and Transformers (and the vocabulary is standard library only), and a third keeps the research harness
+(hf_posenc_experiments) and the console command (hf_posenc_cli's main) out of the library, which imports of
+hf_posenc_cli only those two standard-library leaves, with no exception."""
 
 from __future__ import annotations
 
+import ast
 import os
 import shutil
 import subprocess
@@ -59,19 +62,42 @@ def test_a_module_outside_every_layer_breaks_the_contract(tmp_path):
 
 def test_the_library_importing_the_experiments_breaks_their_contract(tmp_path):
     """hf_posenc_experiments (the research harness) sits beside the library: hf_posenc may not import it."""
-    root = _copy(tmp_path)
-    evaluation = root / "hf_posenc" / "evaluation" / "__init__.py"
-    evaluation.write_text(evaluation.read_text() + "\n\ndef _austen():\n    from hf_posenc_experiments import corpus\n\n"
-                          "    return corpus\n")
-    run = _lint(root)
-    assert run.returncode == 1, run.stdout + run.stderr
+    run = _lint_with_an_import(tmp_path, "from hf_posenc_experiments import corpus", "corpus")
     assert "hf_posenc.evaluation -> hf_posenc_experiments.corpus" in run.stdout, run.stdout
 
 
-def test_the_argument_parsers_importing_hf_posenc_break_their_contract(tmp_path):
+def test_the_library_importing_the_console_command_breaks_its_contract(tmp_path):
+    """hf_posenc_cli's main runs the library and the research harness: the library may import only the command
+    line's vocabulary and argument parsers from that package (no ignore_imports exception hides an import)."""
+    run = _lint_with_an_import(tmp_path, "from hf_posenc_cli import main", "main")
+    # the console command itself, not only the research harness it imports
+    assert "hf_posenc.evaluation is not allowed to import hf_posenc_cli:" in run.stdout, run.stdout
+
+
+def _lint_with_an_import(tmp_path: Path, statement: str, name: str) -> subprocess.CompletedProcess:
+    """lint-imports on a copy whose hf_posenc.evaluation runs ``statement`` in a function; it must fail."""
     root = _copy(tmp_path)
-    arguments = root / "hf_posenc_cli" / "arguments.py"
-    arguments.write_text(arguments.read_text() + "\n\nfrom hf_posenc.record import LIBRARY_VERSION  # noqa: E402\n")
+    evaluation = root / "hf_posenc" / "evaluation" / "__init__.py"
+    evaluation.write_text(evaluation.read_text() + f"\n\ndef _imported():\n    {statement}\n\n    return {name}\n")
     run = _lint(root)
-    assert run.returncode == 1 and "hf_posenc_cli.arguments -> hf_posenc.record" in run.stdout, run.stdout
+    assert run.returncode == 1, run.stdout + run.stderr
+    return run
+
+
+@pytest.mark.parametrize("module", ["arguments", "vocabulary"])
+def test_the_argument_parsers_importing_hf_posenc_break_their_contract(tmp_path, module):
+    root = _copy(tmp_path)
+    source = root / "hf_posenc_cli" / f"{module}.py"
+    source.write_text(source.read_text() + "\n\nfrom hf_posenc.record import LIBRARY_VERSION  # noqa: E402\n")
+    run = _lint(root)
+    assert run.returncode == 1 and f"hf_posenc_cli.{module} -> hf_posenc.record" in run.stdout, run.stdout
+
+
+def test_the_vocabulary_is_a_leaf_of_the_standard_library():
+    """What both the library and the command line's parsers import: nothing but the standard library."""
+    tree = ast.parse((ROOT / "hf_posenc_cli" / "vocabulary.py").read_text())
+    imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names]
+    imported += [("." * node.level) + (node.module or "") for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    outside = [name for name in imported if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}]
+    assert not outside, f"hf_posenc_cli/vocabulary.py imports {outside}: keep it to the standard library"
 

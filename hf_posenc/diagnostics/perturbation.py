@@ -24,13 +24,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from hf_posenc_cli.arguments import PERTURBATION_SCORES
+from hf_posenc_cli.vocabulary import PERTURBATION_SCORES
 
 from .capture import check_ids, forward, windows
 from .results import ResultMixin, normalise_named, pyplot, save_figure
 
 MODES = ("transpose", "position_offset")
-SCORES = PERTURBATION_SCORES  # the command line's vocabulary (hf_posenc_cli.arguments)
+SCORES = PERTURBATION_SCORES  # the command line's vocabulary (hf_posenc_cli.vocabulary)
 
 
 def transpose_tokens(ids: torch.Tensor, fraction: float, max_distance: int, generator: torch.Generator) -> torch.Tensor:

@@ -39,7 +39,7 @@ from importlib import metadata
 from typing import Any
 from urllib.parse import urlparse
 
-from hf_posenc_cli.arguments import RULER_LOCAL_TASKS, RULER_TASKS
+from hf_posenc_cli.vocabulary import RULER_LOCAL_TASKS, RULER_TASKS
 
 from .prompting import count_tokens
 from .results import LmEvalSample

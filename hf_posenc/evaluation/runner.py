@@ -10,9 +10,9 @@ from typing import Any
 
 from tqdm.auto import tqdm
 
-from hf_posenc_cli.arguments import EVAL_TASKS as TASKS  # the command line's --tasks and --depths
-from hf_posenc_cli.arguments import NEEDLE_DEPTHS as DEFAULT_DEPTHS
-from hf_posenc_cli.arguments import RULER_SAMPLES, RULER_TASKS
+from hf_posenc_cli.vocabulary import EVAL_TASKS as TASKS  # the command line's --tasks and --depths
+from hf_posenc_cli.vocabulary import NEEDLE_DEPTHS as DEFAULT_DEPTHS
+from hf_posenc_cli.vocabulary import RULER_SAMPLES, RULER_TASKS
 
 from .passkey import KEY_RANGE, MAX_NEW_TOKENS, build_passkey_prompt, score_passkey
 from .perplexity import perplexity_at_lengths, tokenize_text

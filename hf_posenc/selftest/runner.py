@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
-from hf_posenc_cli.arguments import SELFTEST_SIZES as SIZES  # the command line's --size
+from hf_posenc_cli.vocabulary import SELFTEST_SIZES as SIZES  # the command line's --size
 
 from . import checks as checks_mod
 from ..kernels import timing as timing_mod
