@@ -65,7 +65,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import RESULTS, device_name, slug  # noqa: E402
-from hf_posenc.kernels import _triton  # noqa: E402
+from hf_posenc.kernels._triton import launch as _launch  # noqa: E402
 from hf_posenc.kernels.tapa import tapa_attention_triton  # noqa: E402
 from hf_posenc.kernels.tape import tape_attention_triton  # noqa: E402
 
@@ -103,20 +103,20 @@ def op_kind(func, name: str) -> str:
 
 
 @contextmanager
-def planned_only(target: _triton.Target, launches: list[str]):
+def planned_only(target: _launch.Target, launches: list[str]):
     """Every `LaunchSpec.launch` records its name instead of running, and the ops plan for `target`."""
-    real_launch, real_of = _triton.LaunchSpec.launch, _triton.Target.__dict__["of"]
+    real_launch, real_of = _launch.LaunchSpec.launch, _launch.Target.__dict__["of"]
 
     def record(self):
         launches.append(self.name)
 
-    _triton.LaunchSpec.launch = record
-    _triton.Target.of = classmethod(lambda cls, t: target)
+    _launch.LaunchSpec.launch = record
+    _launch.Target.of = classmethod(lambda cls, t: target)
     try:
         yield
     finally:
-        _triton.LaunchSpec.launch = real_launch
-        _triton.Target.of = real_of
+        _launch.LaunchSpec.launch = real_launch
+        _launch.Target.of = real_of
 
 
 def cases(B: int, H: int, Hkv: int, D: int, L: int, dtype: torch.dtype, device: torch.device) -> dict:
@@ -155,17 +155,17 @@ def cases(B: int, H: int, Hkv: int, D: int, L: int, dtype: torch.dtype, device: 
 @contextmanager
 def counted(launches: list[str]):
     """Every `LaunchSpec.launch` records its name and runs (real launches on the GPU)."""
-    real_launch = _triton.LaunchSpec.launch
+    real_launch = _launch.LaunchSpec.launch
 
     def record(self):
         launches.append(self.name)
         real_launch(self)
 
-    _triton.LaunchSpec.launch = record
+    _launch.LaunchSpec.launch = record
     try:
         yield
     finally:
-        _triton.LaunchSpec.launch = real_launch
+        _launch.LaunchSpec.launch = real_launch
 
 
 def measure_cuda(fn, calls: int, warmup: int) -> dict:
@@ -202,7 +202,7 @@ def measure_cuda(fn, calls: int, warmup: int) -> dict:
     }, None
 
 
-def measure(fn, calls: int, warmup: int, target: _triton.Target, profile: bool) -> dict:
+def measure(fn, calls: int, warmup: int, target: _launch.Target, profile: bool) -> dict:
     launches: list[str] = []
     with torch.no_grad(), planned_only(target, launches):  # generate runs under no_grad
         for _ in range(warmup):
@@ -262,7 +262,7 @@ def main() -> None:
         cfg["lengths"] = tuple(args.lengths)
     if args.calls:
         cfg["calls"] = args.calls
-    target = _triton.INTERPRETER if args.target == "interpreter" else _triton.Target.gpu(int(args.target[2:]))
+    target = _launch.INTERPRETER if args.target == "interpreter" else _launch.Target.gpu(int(args.target[2:]))
     dtype = getattr(torch, args.dtype)
     runs = []
     for L in cfg["lengths"]:

@@ -14,22 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_posenc.kernels._triton import (
-    LOG2E,
-    LaunchSpec,
-    Target,
-    Tile,
-    block_range,
-    fp32,
-    jit_runtime_ints,
-    launch_all,
-    load_tile,
-    pow2,
-    softmax_block,
-    store_rows,
-    strides,
-    visible,
-)
+from hf_posenc.kernels._triton.blocks import block_range, load_tile, softmax_block, store_rows, visible
+from hf_posenc.kernels._triton.fastmath import LOG2E, fp32
+from hf_posenc.kernels._triton.launch import LaunchSpec, Target, jit_runtime_ints, launch_all, pow2
+from hf_posenc.kernels._triton.layout import Tile, strides
 from hf_posenc.kernels.tapa.triton_tapa import tiles as tapa_tiles
 from hf_posenc.kernels.tape.triton_tape import tiles as tape_tiles
 

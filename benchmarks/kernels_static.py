@@ -2,7 +2,7 @@
 which execution pipe bounds each of them.
 
 No GPU runs here. Every kernel is planned by its own host code for an A100 (sm_80) or H100 (sm_90) target and
-compiled with Triton's bundled ptxas (the compile lane, `hf_posenc.kernels.compile_lane`); registers, spills and
+compiled with Triton's bundled ptxas (the compile lane, `hf_posenc.kernels.dev.compile_lane`); registers, spills and
 shared memory come from `cuobjdump -res-usage`, the instruction mix from `nvdisasm` SASS:
 
 * the inner loops are the SASS regions closed by a backward branch that contain no other loop; those with
@@ -402,10 +402,21 @@ def analyse(record, sass_text: str, machine: Machine | None = None, memory_bytes
     return out
 
 
-def _nvdisasm(cubin: str) -> str:
-    from hf_posenc.kernels._triton import _tool
+def _lane_modules():
+    """(compile lane, binary tooling) of the package on the path: ``hf_posenc.kernels.dev``, or in a revision
+    committed before that folder (which `kernels_at_rev` compiles) ``hf_posenc.kernels.compile_lane`` and
+    ``hf_posenc.kernels._triton``."""
+    try:
+        from hf_posenc.kernels.dev import binaries, compile_lane
+    except ModuleNotFoundError:
+        from hf_posenc.kernels import _triton as binaries, compile_lane
+    return compile_lane, binaries
 
-    return subprocess.run([_tool("nvdisasm"), "-c", cubin], capture_output=True, text=True, check=True).stdout
+
+def _nvdisasm(cubin: str) -> str:
+    _, binaries = _lane_modules()
+    return subprocess.run([binaries._tool("nvdisasm"), "-c", cubin], capture_output=True, text=True,
+                          check=True).stdout
 
 
 KERNEL_NAMES = {"tapa_fwd": "TAPA forward", "tapa_bwd": "TAPA backward, fused (dK/dV/dQ, atomic dQ; the default)",
@@ -450,8 +461,8 @@ def decode_per_valid_row(model: dict, block_m: int, rows: int = DECODE_ROWS, mem
 
 def build_kernels(arch: int, head_dims, jobs: int | None, baseline: str = BASELINE) -> list[dict]:
     """Compile (compile lane) and analyse every kernel binary for one arch: the report's `kernels` list."""
-    from hf_posenc.kernels.compile_lane import FAMILIES, run_lane
-
+    compile_lane, _ = _lane_modules()
+    FAMILIES, run_lane = compile_lane.FAMILIES, compile_lane.run_lane
     machine = MACHINES[arch]
     with tempfile.TemporaryDirectory() as tmp:
         records = run_lane(FAMILIES + (baseline,), (arch,), ("bfloat16",), head_dims, jobs, cubin_dir=tmp)

@@ -3,7 +3,7 @@ see memory latency, which is what a decode kernel waits on).
 
 For TAPA's and TAPE's decode (one query per sequence against a KV cache; split-K over the keys), every candidate
 tile (BLOCK_N, num_warps, num_stages; BLOCK_M is the 16-row GQA tile) and split-K density (programs per SM,
-`_triton.DECODE_PROGRAMS_PER_SM`) is timed as CUDA-graph replays of the whole op (its kernels only: the host
+`_triton.layout.DECODE_PROGRAMS_PER_SM`) is timed as CUDA-graph replays of the whole op (its kernels only: the host
 planning is captured once), at several cache lengths, and its output checked against the current table's. The
 ranking is the geometric mean of the times over the lengths, per family and row width.
 
@@ -24,7 +24,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))
 
 from common import write_results  # noqa: E402
-from hf_posenc.kernels import _triton  # noqa: E402
+from hf_posenc.kernels._triton import layout as _layout  # noqa: E402
 from hf_posenc.kernels.tapa import decode as tapa_decode  # noqa: E402
 from hf_posenc.kernels.tapa import tapa_attention_triton  # noqa: E402
 from hf_posenc.kernels.tape import decode as tape_decode  # noqa: E402
@@ -72,7 +72,7 @@ def main() -> None:
     best = {}
     for family, d, module, width in CASES:
         current = module._TILES[arch][width]
-        dens0 = _triton.DECODE_PROGRAMS_PER_SM
+        dens0 = _layout.DECODE_PROGRAMS_PER_SM
         times: dict[tuple, list[float]] = {}
         for length in a.lengths:
             g = torch.Generator(device=device).manual_seed(length + d)
@@ -81,11 +81,11 @@ def main() -> None:
                        for _ in range(3))
             fn = (lambda: tapa_attention_triton(q, k, v)) if family == "tapa" else \
                 (lambda: tape_attention_triton(q, k, v, e))
-            module._TILES[arch][width], _triton.DECODE_PROGRAMS_PER_SM = current, dens0
+            module._TILES[arch][width], _layout.DECODE_PROGRAMS_PER_SM = current, dens0
             ref = fn()
             ref = torch.cat([t.float().flatten() for t in (ref if isinstance(ref, tuple) else (ref,))])
             for tile, dens in itertools.product(TILES, DENSITY):
-                module._TILES[arch][width], _triton.DECODE_PROGRAMS_PER_SM = tile, dens
+                module._TILES[arch][width], _layout.DECODE_PROGRAMS_PER_SM = tile, dens
                 try:
                     out = fn()
                     out = torch.cat([t.float().flatten() for t in (out if isinstance(out, tuple) else (out,))])
@@ -99,7 +99,7 @@ def main() -> None:
                                  max_abs_diff=err, current=(tile == current and dens == dens0)))
                 if err < 3e-2:
                     times.setdefault((tile, dens), []).append(ms)
-        module._TILES[arch][width], _triton.DECODE_PROGRAMS_PER_SM = current, dens0
+        module._TILES[arch][width], _layout.DECODE_PROGRAMS_PER_SM = current, dens0
         full = {c: math.exp(sum(map(math.log, t)) / len(t)) for c, t in times.items() if len(t) == len(a.lengths)}
         ranked = sorted(full.items(), key=lambda kv: kv[1])
         cur = full.get((current, dens0))

@@ -54,7 +54,9 @@ def evaluate(family: str, kernel: str, arch: int, head_dim: int, tile: tuple[int
     import torch
 
     import kernels_static
-    from hf_posenc.kernels._triton import SHARED_LIMIT, Target, Tile, compile_spec, resources, sass
+    from hf_posenc.kernels._triton.launch import SHARED_LIMIT, Target
+    from hf_posenc.kernels._triton.layout import Tile
+    from hf_posenc.kernels.dev.binaries import compile_spec, resources, sass
 
     mod = importlib.import_module(f"hf_posenc.kernels.{family}.triton_{family}")
     if kernel == "decode":  # every width bucket

@@ -14,7 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
-from hf_posenc.kernels._triton import LaunchSpec, fp32
+from hf_posenc.kernels._triton.fastmath import fp32
+from hf_posenc.kernels._triton.launch import LaunchSpec
 
 HALF = 0.5
 HALF_CONSTEXPR = tl.constexpr(0.5)

@@ -17,15 +17,16 @@ from pathlib import Path
 import pytest
 import torch
 
-from hf_posenc.kernels._triton import INTERPRETER, LaunchSpec, Target, compile_inputs, pow2
 from hf_posenc.kernels import tapa, tape
-from hf_posenc.kernels.compile_lane import (DTYPES, FAMILIES, HEAD_DIMS, STANDARD_RUNS, code_path, read_cache,
-                                           read_manifest, run_lane_subprocess, triton_build)
+from hf_posenc.kernels._triton.launch import INTERPRETER, LaunchSpec, Target, pow2
+from hf_posenc.kernels.dev.binaries import compile_inputs
+from hf_posenc.kernels.dev.compile_lane import (DTYPES, FAMILIES, HEAD_DIMS, STANDARD_RUNS, code_path, read_cache,
+                                               read_manifest, run_lane_subprocess, triton_build)
 from hf_posenc.kernels.tapa import triton_tapa
 
 FIXTURES = str(Path(__file__).with_name("lane_fixture_kernels.py"))
 SEED = Path(__file__).with_name("compile_lane_cache.tar.xz")
-REFRESH = "python -m hf_posenc.kernels.compile_lane --write-cache tests/compile_lane_cache.tar.xz"
+REFRESH = "python -m hf_posenc.kernels.dev.compile_lane --write-cache tests/compile_lane_cache.tar.xz"
 
 
 def _seed_matches_this_triton() -> None:

@@ -15,8 +15,8 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from hf_posenc.kernels import _triton
-from hf_posenc.kernels._triton import INTERPRETER, LaunchSpec, Target
+from hf_posenc.kernels._triton import launch as _launch
+from hf_posenc.kernels._triton.launch import INTERPRETER, LaunchSpec, Target
 from hf_posenc.kernels.tapa import tapa_attention_reference, tapa_attention_triton
 from hf_posenc.kernels.tapa import triton_tapa
 from hf_posenc.kernels.tape import tape_attention_reference, tape_attention_triton
@@ -264,10 +264,10 @@ def test_host_helpers_match_triton():
     import triton
 
     for n in [1, 2, 3, 15, 16, 17, 100, 1024, 1025]:
-        assert _triton.pow2(n, 1) == triton.next_power_of_2(n)
-        assert _triton.pow2(n) == max(16, triton.next_power_of_2(n))
+        assert _launch.pow2(n, 1) == triton.next_power_of_2(n)
+        assert _launch.pow2(n) == max(16, triton.next_power_of_2(n))
         for b in (1, 7, 16, 64):
-            assert _triton.cdiv(n, b) == triton.cdiv(n, b)
+            assert _launch.cdiv(n, b) == triton.cdiv(n, b)
 
 
 def test_benchmark_runs_its_smoke_size():
@@ -294,7 +294,7 @@ def test_a_decode_step_reads_the_mask_on_the_host_once(monkeypatch, scheme, stat
     from tiny import tiny_model
     from transformers import StaticCache
 
-    monkeypatch.setattr(_triton.LaunchSpec, "launch", lambda self: None)  # planning only: no kernel runs
+    monkeypatch.setattr(_launch.LaunchSpec, "launch", lambda self: None)  # planning only: no kernel runs
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = hf_posenc.patch_model(tiny_model("llama", num_hidden_layers=4), scheme, backend="triton").eval()

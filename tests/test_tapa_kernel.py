@@ -18,7 +18,8 @@ from hf_posenc.kernels.tapa import (
     tapa_split,
     uses_triton,
 )
-from hf_posenc.kernels._triton import INTERPRETER, Target, launch_all, plan_split_combine
+from hf_posenc.kernels._triton.combine import plan_split_combine
+from hf_posenc.kernels._triton.launch import INTERPRETER, Target, launch_all
 from hf_posenc.kernels.tapa import decode
 from hf_posenc.kernels.tapa.triton_tapa import tiles, use_decode_path
 

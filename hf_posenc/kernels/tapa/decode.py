@@ -1,6 +1,6 @@
 """TAPA decode: the launch plan of forward calls with at most ``DECODE_MAX_LQ`` queries
-(:func:`~hf_posenc.kernels._triton.use_decode_path`): the prefill forward kernel (``triton_tapa._tapa_fwd_kernel``)
-with the split-K layout of :class:`~hf_posenc.kernels._triton.ForwardLayout` (a whole GQA group's query rows packed
+(:func:`~hf_posenc.kernels._triton.layout.use_decode_path`): the prefill forward kernel (``triton_tapa._tapa_fwd_kernel``)
+with the split-K layout of :class:`~hf_posenc.kernels._triton.layout.ForwardLayout` (a whole GQA group's query rows packed
 into one 16-row tile, so each K/V block is read once per kv head; the key axis split across programs, the partials
 merged by the shared split-combine kernel), its lazy rescaling off (`lazy_max`).
 
@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from .._triton import INTERPRETER_TILE, ForwardLayout, LaunchSpec, Target, Tile, plan_split_combine, table_row
+from .._triton.combine import plan_split_combine
+from .._triton.launch import LaunchSpec, Target
+from .._triton.layout import INTERPRETER_TILE, ForwardLayout, Tile, table_row
 from .args import TapaArgs
 
 # GPU decode tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and row-width bucket

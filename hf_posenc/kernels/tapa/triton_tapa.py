@@ -6,11 +6,11 @@ Score (eq. 12), with a = q_A·k_A, p = q_P·k_P (eq. 16: p = Σq_P + Σk_P), d =
 
 Forward: one program per (query tile, query head) keeps its Q tile on chip and streams K/V with an online
 softmax in base 2 (log2(e) is folded into c_A, the base-2 log-sum-exp is saved for the backward; prefill tiles
-rescale lazily, only when a row maximum grows by more than 2^8: `hf_posenc.kernels._triton.lazy_max`). Both
+rescale lazily, only when a row maximum grows by more than 2^8: `hf_posenc.kernels._triton.blocks.lazy_max`). Both
 half-width products a and p are tl.dot's over the split head dimension. The phase runs in fp32:
 c_P·d^α = 2^(α·log2 d + log2 c_P) (0 at d = 0, where log2 d = −inf), t is range-reduced exactly to
 r = t − rint(t) and cos(2π r) is evaluated, so long distances stay accurate when q/k are bf16. On CUDA the
-transcendental steps are single special-function instructions (see `hf_posenc.kernels._triton`); the
+transcendental steps are single special-function instructions (see `hf_posenc.kernels._triton.fastmath`); the
 interpreter runs the accurate library functions. Positions enter as fp32 offsets from the batch row's
 first key position (distances exact while positions span less than 2^24: `_Inputs.relative_positions`).
 
@@ -50,45 +50,44 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import (
-    DECODE_MAX_LQ,
-    INTERPRETER_TILE,
-    LOG2E,
-    NO_WINDOW,
-    SPILL_FREE_MAX_HEAD_DIM,
-    ForwardLayout,
-    LaunchSpec,
-    Target,
-    Tile,
+from .._triton.blocks import (
     add_rows,
     block_range,
-    cos_sin_turns,
-    cos_turns,
-    dot_precision,
-    exp2,
-    fp32,
-    interpreting,
-    jit_runtime_ints,
-    launch_all,
     load_tile,
     load_vector,
-    log2,
     masked_block,
     next_pair,
     packed_rows,
-    padded_widths,
-    plan_row_dot,
-    pow2,
     query_block_range,
     softmax_block,
     store_rows,
+    visible,
+)
+from .._triton.combine import plan_row_dot
+from .._triton.fastmath import LOG2E, cos_sin_turns, cos_turns, exp2, fp32, log2
+from .._triton.launch import (
+    SPILL_FREE_MAX_HEAD_DIM,
+    LaunchSpec,
+    Target,
+    dot_precision,
+    interpreting,
+    jit_runtime_ints,
+    launch_all,
+    padded_widths,
+    pow2,
+)
+from .._triton.layout import (
+    DECODE_MAX_LQ,
+    INTERPRETER_TILE,
+    NO_WINDOW,
+    ForwardLayout,
+    Tile,
     strides,
     table_row,
     use_decode_path,
-    visible,
 )
-from .decode import plan_decode
 from .args import TapaArgs, tapa_op, validate_tapa_args
+from .decode import plan_decode
 
 # shape, window and mask-presence arguments vary from call to call: one binary serves them all
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "H", "HKV", "Lq", "Lk", "split_len", "causal", "window",

@@ -1,6 +1,6 @@
 """TAPE decode: the launch plan of forward calls with at most ``DECODE_MAX_LQ`` queries
-(:func:`~hf_posenc.kernels._triton.use_decode_path`), as TAPA's (``kernels/tapa/decode.py``): the prefill forward
-kernel (``triton_tape._tape_fwd_kernel``) with the split-K layout of :class:`~hf_posenc.kernels._triton.ForwardLayout`.
+(:func:`~hf_posenc.kernels._triton.layout.use_decode_path`), as TAPA's (``kernels/tapa/decode.py``): the prefill forward
+kernel (``triton_tape._tape_fwd_kernel``) with the split-K layout of :class:`~hf_posenc.kernels._triton.layout.ForwardLayout`.
 With several splits each one writes its normalised O and Ẽ side by side in one fp32 buffer, with its base-2 LSE,
 and one launch of the shared split-combine kernel merges both.
 
@@ -14,7 +14,9 @@ from collections.abc import Callable
 
 import torch
 
-from .._triton import INTERPRETER_TILE, ForwardLayout, LaunchSpec, Target, Tile, plan_split_combine, pow2, table_row
+from .._triton.combine import plan_split_combine
+from .._triton.launch import LaunchSpec, Target, pow2
+from .._triton.layout import INTERPRETER_TILE, ForwardLayout, Tile, table_row
 from .args import TapeArgs
 
 # GPU decode tiles (BLOCK_M, BLOCK_N, num_warps, num_stages) per architecture and padded width of [V | E], chosen

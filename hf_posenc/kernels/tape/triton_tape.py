@@ -7,7 +7,7 @@ channels, De = 2F), independent of the head width D; both are padded to powers o
 Forward: a program owns a tile of query rows and streams the K/V/E tiles of its KV head once. The
 online softmax runs in base 2 (log2(e) folded into the scale, applied in the exponent's FMA) and both
 accumulators, O and Ẽ, are rescaled and updated with the SAME probabilities in the same pass (rescaled lazily,
-only when a row maximum grows by more than 2^8: `hf_posenc.kernels._triton.lazy_max`). Key blocks
+only when a row maximum grows by more than 2^8: `hf_posenc.kernels._triton.blocks.lazy_max`). Key blocks
 every row of the tile sees in full run through an unmasked loop; the causal diagonal and the ragged end run
 through a masked loop. Causality and the presence of a key-padding mask are runtime integers, so one binary
 serves every mask combination; with padding every visible block takes the masked loop. GQA reads kv head
@@ -43,41 +43,35 @@ import torch
 import triton
 import triton.language as tl
 
-from .._triton import (
-    DECODE_MAX_LQ,
-    INTERPRETER_TILE,
-    LOG2E,
+from .._triton.blocks import (
     add_cols,
-    ForwardLayout,
-    LaunchSpec,
-    Target,
-    Tile,
     block_range,
-    dot_precision,
-    exp2,
     finite_max,
-    fp32,
-    interpreting,
-    jit_runtime_ints,
-    launch_all,
     lazy_max,
     load_tile,
     load_vector,
     masked_block,
     next_pair,
     packed_rows,
-    padded_widths,
-    plan_row_dot,
-    pow2,
     query_block_range,
     store_rows,
-    strides,
-    table_row,
-    use_decode_path,
     visible,
 )
-from .decode import plan_decode
+from .._triton.combine import plan_row_dot
+from .._triton.fastmath import LOG2E, exp2, fp32
+from .._triton.launch import (
+    LaunchSpec,
+    Target,
+    dot_precision,
+    interpreting,
+    jit_runtime_ints,
+    launch_all,
+    padded_widths,
+    pow2,
+)
+from .._triton.layout import DECODE_MAX_LQ, INTERPRETER_TILE, ForwardLayout, Tile, strides, table_row, use_decode_path
 from .args import TapeArgs, tape_op, validate_tape_args
+from .decode import plan_decode
 
 _jit = jit_runtime_ints("H_PROG", "GP", "GROUP", "R", "Hq", "Hkv", "Lq", "Lk", "D", "DE", "split_len", "causal",
                         "has_kpm")

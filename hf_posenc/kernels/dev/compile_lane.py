@@ -37,7 +37,7 @@ its binary came from the cache (``cache_hit``); the test suite requires every st
 (refresh it with ``--write-cache ARCHIVE``, which runs the standard runs and writes their binaries, reproducibly)
 and audits the seed by compiling one cell from an empty cache and comparing the binaries byte for byte.
 
-Run it as ``python -m hf_posenc.kernels.compile_lane`` (exit status 1 when any record is flagged). It must
+Run it as ``python -m hf_posenc.kernels.dev.compile_lane`` (exit status 1 when any record is flagged). It must
 not run under TRITON_INTERPRET=1 (the kernels are then interpreter objects): ``run_lane_subprocess`` starts
 it with the variable removed, as the test suite does.
 """
@@ -58,9 +58,10 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from ._triton import SPILL_FREE_MAX_HEAD_DIM
+from .._triton.launch import SPILL_FREE_MAX_HEAD_DIM
 
-FAMILIES = tuple(f for p in pkgutil.iter_modules([str(Path(__file__).parent)], f"{__package__}.") if p.ispkg
+_KERNELS, _KERNELS_PACKAGE = Path(__file__).parent.parent, __package__.rpartition(".")[0]  # hf_posenc.kernels
+FAMILIES = tuple(f for p in pkgutil.iter_modules([str(_KERNELS)], f"{_KERNELS_PACKAGE}.") if p.ispkg
                  for f in getattr(importlib.import_module(p.name), "LANE_FAMILIES", ()))  # the packages' LANE_FAMILIES
 DTYPES = ("bfloat16", "float16")
 HEAD_DIMS = (64, 128, 256)
@@ -147,7 +148,8 @@ def run_job(family: str, arch: int, dtype: str, head_dim: int, cubin_dir: str | 
     each binary is compiled a second time with its fp32 scalar arguments typed fp64 (Inductor's typing)."""
     import torch
 
-    from ._triton import SHARED_LIMIT, Target, compile_inputs, resources
+    from .._triton.launch import SHARED_LIMIT, Target
+    from .binaries import compile_inputs, resources
 
     import triton
 
@@ -228,7 +230,7 @@ def run_lane(families=FAMILIES, archs=(80, 90), dtypes=DTYPES, head_dims=HEAD_DI
              cubin_dir: str | None = None, seed: str | Path | None = None) -> list[LaneRecord]:
     """Compile every cell (family × arch × dtype × head dim) in `jobs` worker processes (default: CPU count),
     after adding the binaries of the archive `seed` to Triton's cache (:func:`seed_cache`)."""
-    from ._triton import interpreting
+    from .._triton.launch import interpreting
 
     if interpreting():
         raise RuntimeError("the compile lane cannot run under TRITON_INTERPRET=1 (the kernels are interpreter "
@@ -266,7 +268,7 @@ def run_lane_subprocess(families=FAMILIES, archs=(80, 90), dtypes=DTYPES, head_d
         env["TRITON_CACHE_DIR"] = str(cache_dir)
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "lane.json"
-        cmd = [sys.executable, "-m", "hf_posenc.kernels.compile_lane", "--json", str(out), "--quiet",
+        cmd = [sys.executable, "-m", "hf_posenc.kernels.dev.compile_lane", "--json", str(out), "--quiet",
                "--family", *families, "--arch", *map(str, archs), "--dtype", *dtypes,
                "--head-dim", *map(str, head_dims)]
         if jobs is not None:
@@ -308,7 +310,7 @@ def read_manifest(archive: str | Path) -> dict[str, str]:
             return json.loads(tar.extractfile(_MANIFEST).read())
     except (OSError, KeyError, tarfile.TarError, ValueError) as exc:
         raise ValueError(f"{archive}: not a compile-lane seed archive ({exc}); rewrite it with "
-                         "`python -m hf_posenc.kernels.compile_lane --write-cache ARCHIVE`") from exc
+                         "`python -m hf_posenc.kernels.dev.compile_lane --write-cache ARCHIVE`") from exc
 
 
 def read_cache(archive: str | Path) -> dict[str, dict[str, bytes]]:
@@ -328,7 +330,7 @@ def read_cache(archive: str | Path) -> dict[str, dict[str, bytes]]:
                 entries.setdefault(key, {})[name] = tar.extractfile(member).read()
     except (OSError, tarfile.TarError, ValueError) as exc:
         raise ValueError(f"{archive}: not a compile-lane seed archive ({exc}); rewrite it with "
-                         "`python -m hf_posenc.kernels.compile_lane --write-cache ARCHIVE`") from exc
+                         "`python -m hf_posenc.kernels.dev.compile_lane --write-cache ARCHIVE`") from exc
     for key, files in entries.items():
         if sorted(n.rsplit(".", 1)[1] for n in files) != ["cubin", "json"]:
             raise ValueError(f"{archive}: entry {key} holds {sorted(files)}, not one binary and its metadata")
