@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .record import FORMAT_VERSION, LIBRARY_VERSION
+from .record import FORMAT_VERSION, LIBRARY_VERSION, patch_call
 
 
 def adapter_warning(scheme: Any) -> str:
@@ -59,8 +59,6 @@ def adapter_load_code(record: Any, adapter: str, base: str | None) -> str:
     """The lines that load an adapter trained on a base patched with ``record``'s scheme: ``import hf_posenc``
     first, the base (``base``: a Hub id, folder, GGUF file or ``@smollm2``; a placeholder when unknown) patched
     with the same scheme and options (a no-op on a checkpoint saved patched), then ``PeftModel.from_pretrained``."""
-    from .adapters import patch_call
-
     load_base = "hf_posenc.load_model(" + json.dumps(base or "BASE") + ")"
     placeholder = "  # BASE: the model the adapter was trained on" if base is None else ""
     return ("import hf_posenc  # first: only then does PEFT check the base's scheme\n"

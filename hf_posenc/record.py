@@ -31,6 +31,9 @@ FORMAT_VERSION = 1
 LIBRARY_VERSION = "0.1.0"
 RECORD_KEY = "hf_posenc"
 EXPORT_KEY = "hf_posenc_export"
+# Options that choose how a scheme is computed, not what: an adapter trained with one backend fits the others, and
+# the patch_model call that reproduces a record leaves them out.
+IMPLEMENTATION_OPTIONS = ("backend",)
 
 
 @dataclass(frozen=True)
@@ -83,3 +86,19 @@ class SchemeRecord:
             format_version=version,
             library_version=record.get("library_version", "?"),
         )
+
+
+def compact(value: Any) -> Any:
+    """``value`` without ``None`` or empty-dict entries (the defaults of every scheme option that can hold them)."""
+    if isinstance(value, dict):
+        return {k: compact(v) for k, v in value.items() if v is not None and v != {}}
+    return value
+
+
+def patch_call(record: dict[str, Any], replace: bool = False, model: str = "base") -> str:
+    """The ``patch_model`` call (Python source) giving ``model`` this scheme record, options at defaults left out."""
+    defaults = SCHEMES[record["scheme"]]().to_dict()  # every scheme option has a default
+    options = [f"{k}={compact(v)!r}" for k, v in record["options"].items()
+               if k not in IMPLEMENTATION_OPTIONS and (k not in defaults or defaults[k] != v)]
+    args = ", ".join([f"{model}, {record['scheme']!r}", *options, *(["replace=True"] if replace else [])])
+    return f"hf_posenc.patch_model({args})"

@@ -14,10 +14,9 @@ import os
 from typing import Any
 
 from ..patching import scheme_record
+from ..record import IMPLEMENTATION_OPTIONS, compact, patch_call
 from .record import AdapterRecord, read_adapter_record
 
-# Options that choose how a scheme is computed, not what: an adapter trained with one backend fits the others.
-IMPLEMENTATION_OPTIONS = ("backend",)
 # Record keys that describe the base model itself rather than the scheme applied to it.
 BASE_KEYS = ("stock_model_type", "original_rope_parameters")
 HUB_KEYS = ("subfolder", "revision", "token", "cache_dir", "local_files_only")
@@ -53,7 +52,7 @@ def _differences(adapter: Any, base: Any, key: str) -> list[str]:
             else:
                 out.extend(_differences(adapter[name], base[name], sub))
         return out
-    return [] if adapter == base else [f"{key}: adapter {_compact(adapter)!r}, base {_compact(base)!r}"]
+    return [] if adapter == base else [f"{key}: adapter {compact(adapter)!r}, base {compact(base)!r}"]
 
 
 def record_differences(adapter: dict[str, Any] | None, base: dict[str, Any] | None) -> list[str]:
@@ -67,24 +66,6 @@ def record_differences(adapter: dict[str, Any] | None, base: dict[str, Any] | No
     return _differences(a, b, "")
 
 
-def _compact(value: Any) -> Any:
-    """``value`` without ``None`` or empty-dict entries (the defaults of every scheme option that can hold them)."""
-    if isinstance(value, dict):
-        return {k: _compact(v) for k, v in value.items() if v is not None and v != {}}
-    return value
-
-
-def patch_call(record: dict[str, Any], replace: bool = False, model: str = "base") -> str:
-    """The ``patch_model`` call (Python source) giving ``model`` this scheme record, options at defaults left out."""
-    from ..schemes import SCHEMES
-
-    defaults = SCHEMES[record["scheme"]]().to_dict()  # every scheme option has a default
-    options = [f"{k}={_compact(v)!r}" for k, v in record["options"].items()
-               if k not in IMPLEMENTATION_OPTIONS and (k not in defaults or defaults[k] != v)]
-    args = ", ".join([f"{model}, {record['scheme']!r}", *options, *(["replace=True"] if replace else [])])
-    return f"hf_posenc.patch_model({args})"
-
-
 def _patch_call(record: dict[str, Any], replace: bool) -> str:
     return f"`{patch_call(record, replace)}`"
 
@@ -92,7 +73,7 @@ def _patch_call(record: dict[str, Any], replace: bool) -> str:
 def _describe(record: dict[str, Any] | None) -> str:
     if record is None:
         return "an unpatched model"
-    return f"a base patched with {record['scheme']!r} (scheme record {json.dumps(_compact(_comparable(record)))})"
+    return f"a base patched with {record['scheme']!r} (scheme record {json.dumps(compact(_comparable(record)))})"
 
 
 def _modules_to_save(config: Any) -> list[str]:
