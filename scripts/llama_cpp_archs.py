@@ -53,7 +53,8 @@ def _unpack(sdist: Path, into: Path) -> Path:
         wanted = ("convert_hf_to_gguf.py", "conversion/", "gguf-py/", "src/")
         members = [m for m in tar.getmembers() if m.name.startswith(prefix)
                    and m.name[len(prefix):].startswith(wanted) and (m.isfile() or m.isdir())]
-        tar.extractall(into, members=members, filter="data")
+        safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}  # Python 3.10.12+, 3.11.4+
+        tar.extractall(into, members=members, **safe)
     return into / top / VENDOR
 
 
