@@ -305,6 +305,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the fused backward's dQ carries the chain rule through the phase product (−2π·c_A·Σ dS·g_P·k_P)",
     ),
     Mutation(
+        "tapa-dispatch-runs-the-reference-on-cpu", "hf_posenc/kernels/tapa/dispatch.py",
+        '    if q.device.type == "cpu":\n        return tapa_attention_chunked.with_args(q, k, v, args)',
+        '    if q.device.type == "cpu":\n        return tapa_attention_reference.with_args(q, k, v, args)',
+        ("tests/test_tapa_kernel.py::test_dispatch",),
+        "the one TAPA dispatcher runs the chunked O(N)-memory path on CPU (float64, or without the interpreter)",
+    ),
+    Mutation(
         "perturbation-scores-the-perturbed-targets", "hf_posenc/diagnostics/perturbation.py",
         "    return chunk, positions, ~moved[1:]",
         "    return chunk, positions, ~moved[:-1]",

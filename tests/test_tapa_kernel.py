@@ -515,7 +515,7 @@ def test_dispatch(monkeypatch):
     """Which path `tapa_attention` takes (spied, not inferred from equal outputs), and that it returns that path's
     result: Triton under the interpreter / on CUDA, and on CPU the chunked path for float64 (the kernel takes no
     float64) or without the interpreter."""
-    import hf_posenc.kernels.tapa as tapa_ops
+    import hf_posenc.kernels.tapa.dispatch as tapa_ops
 
     q, k, v = _qkv(1, 2, 1, 5, 5, 16, seed=71)
     calls = []

@@ -2,8 +2,8 @@
 with its arguments (``args.py``: the options, their checks and the op's signature, ``tapa_op`` / ``tape_op``), the
 readable reference (``naive.py``: the equations, the specification every fast path is tested against), the fast paths
 (Triton kernels ``triton_*.py``, whose split-K decode plan lives in ``decode.py``; TAPA's chunked CPU path
-``chunked.py``, TAPE's SDPA fold ``sdpa.py``) and a dispatcher in its ``__init__`` (and ``LANE_FAMILIES``, what
-the compile lane compiles); ``_triton/`` holds what the Triton kernels share, one module per concern (``launch``:
+``chunked.py``, TAPE's SDPA fold ``sdpa.py``) and a dispatcher (TAPA's in ``dispatch.py``, which checkpoint remote
+code carries; TAPE's in its ``__init__``), with ``LANE_FAMILIES`` in its ``__init__`` (what the compile lane compiles); ``_triton/`` holds what the Triton kernels share, one module per concern (``launch``:
 targets and launch plans with their ``triton.heuristics``-derived constexprs; ``layout``: tiles, forward layouts
 and the decode threshold; ``fastmath``; ``blocks``: tile loads, block schedules, the online-softmax step;
 ``combine``: the split-K combine and row-dot kernels), ``cpu_parallel.py`` the CPU paths' thread pool. ``dev/`` is

@@ -14,12 +14,13 @@ def triton_missing(exc: ModuleNotFoundError) -> ModuleNotFoundError:
     return exc
 
 
-def needs_triton(entry: str, instead: str, error: ModuleNotFoundError) -> Callable[..., Any]:
-    """The stand-in for the Triton entry point ``entry`` (also as ``entry.with_args``, as the ops call it)."""
+def needs_triton(entry: str, instead: str, error: ImportError, missing: str = "Triton") -> Callable[..., Any]:
+    """The stand-in for the Triton entry point ``entry`` (also as ``entry.with_args``, as the ops call it); `missing`
+    names what is not installed (Triton, or hf-posenc itself where a checkpoint's remote code runs)."""
 
     def stand_in(*args: Any, **kwargs: Any) -> Any:
-        raise ImportError(f"{entry} needs Triton, which is not installed: `pip install hf-posenc[triton]` (or call "
-                          f"{instead})") from error
+        raise ImportError(f"{entry} needs {missing}, which is not installed: `pip install hf-posenc[triton]` (or "
+                          f"call {instead})") from error
 
     stand_in.with_args = stand_in  # type: ignore[attr-defined]
     return stand_in

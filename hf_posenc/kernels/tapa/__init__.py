@@ -1,9 +1,10 @@
 """TAPA (token-aware phase attention, paper eq. 12; linear-phase ablation eq. 16) attention op.
 
-`tapa_attention` dispatches to the fused Triton kernel when the inputs live on CUDA or when
-TRITON_INTERPRET=1 is set (CPU tests), to the chunked flash-style PyTorch path on CPU (O(N) memory, exact
-recomputing backward), and to the eager reference otherwise. The reference (`tapa_attention_reference`)
-is the specification the other two are tested against; each path can also be called directly. All take
+`tapa_attention` dispatches (``dispatch.py``, the one dispatcher, which the scheme's backends use too) to the fused
+Triton kernel when the inputs live on CUDA or when TRITON_INTERPRET=1 is set (CPU tests), to the chunked
+flash-style PyTorch path on CPU (O(N) memory, exact recomputing backward), and to the eager reference otherwise.
+The reference (`tapa_attention_reference`, ``naive.py``) is the specification the other two are tested against;
+each path can also be called directly. All take (options and their checks: ``args.py``)
 
     tapa_attention(q, k, v, *, alpha=0.1, theta=0.5, phase="quadratic", causal=True,
                    q_positions=None, k_positions=None, key_padding_mask=None,
@@ -19,13 +20,9 @@ Triton is optional (``pip install hf-posenc[triton]``); without it the CPU paths
 
 from __future__ import annotations
 
-import os
-
-import torch
-
 from ..optional import needs_triton, triton_missing
-from .chunked import tapa_attention_chunked
 from .args import TapaArgs, tapa_op, tapa_split, validate_tapa_args
+from .chunked import tapa_attention_chunked
 from .naive import tapa_attention_reference
 
 try:
@@ -37,30 +34,18 @@ except ModuleNotFoundError as exc:  # only a missing Triton package; any other i
     tapa_attention_triton = needs_triton("tapa_attention_triton",
                                          "tapa_attention_chunked / tapa_attention_reference", exc)
 
+# after the Triton entry point: the dispatcher takes it from this package
+from .dispatch import BACKENDS, tapa_attention, tapa_function, uses_triton  # noqa: E402
+
 LANE_FAMILIES = ("hf_posenc.kernels.tapa.triton_tapa",)  # what the compile lane compiles (compile_lane.FAMILIES)
 __all__ = [
+    "BACKENDS",
     "tapa_attention",
     "tapa_attention_chunked",
     "tapa_attention_reference",
     "tapa_attention_triton",
+    "tapa_function",
     "tapa_split",
     "validate_tapa_args",
     "uses_triton",
 ]
-
-
-def uses_triton(q: torch.Tensor) -> bool:
-    """True when `tapa_attention` would run the Triton kernel for this query tensor."""
-    return TRITON_IMPORT_ERROR is None and (q.device.type == "cuda" or os.environ.get("TRITON_INTERPRET", "0") == "1")
-
-
-@tapa_op
-def tapa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: TapaArgs) -> torch.Tensor:
-    """TAPA attention (eq. 12, or eq. 16 with phase="linear"): Triton kernel on CUDA / under the interpreter
-    (not for float64, which the kernel does not take), the chunked path on CPU, the eager reference on other
-    devices. Options: :func:`validate_tapa_args`."""
-    if uses_triton(q) and q.dtype != torch.float64:
-        return tapa_attention_triton.with_args(q, k, v, args)
-    if q.device.type == "cpu":
-        return tapa_attention_chunked.with_args(q, k, v, args)
-    return tapa_attention_reference.with_args(q, k, v, args)

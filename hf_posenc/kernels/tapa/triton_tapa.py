@@ -86,7 +86,7 @@ from .._triton.layout import (
     table_row,
     use_decode_path,
 )
-from .args import TapaArgs, tapa_op, validate_tapa_args
+from .args import PHASES, TapaArgs, tapa_op, validate_tapa_args
 from .decode import plan_decode
 
 # shape, window and mask-presence arguments vary from call to call: one binary serves them all
@@ -856,7 +856,7 @@ def lane_specs(target: Target, dtype: torch.dtype, head_dim: int) -> list[Launch
         dict(causal=False, sliding_window=256),
     )
     thetas = ((0.5, masks), (0.25, masks[:1])) if head_dim <= SPILL_FREE_MAX_HEAD_DIM else ((0.5, masks),)
-    cases = [(theta, phase, extra) for phase in ("quadratic", "linear") for theta, extras in thetas for extra in extras]
+    cases = [(theta, phase, extra) for phase in PHASES for theta, extras in thetas for extra in extras]
     specs: list[LaunchSpec] = []
     for theta, phase, extra in cases:
         for lq in (L, 1):

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from ..masks import padding_mask
 from ..registry import AttentionFunctions, register_scheme
-from .attention import tapa_attention_forward, tapa_function
+from .attention import tapa_attention_forward
 from .config import ATTN_NAME, TAPAConfig
 
 register_scheme(TAPAConfig, attention=AttentionFunctions(name=ATTN_NAME, forward=tapa_attention_forward,
                                                          mask=padding_mask))
 
-__all__ = ["TAPAConfig", "ATTN_NAME", "tapa_attention_forward", "tapa_function"]
+__all__ = ["TAPAConfig", "ATTN_NAME", "tapa_attention_forward"]

@@ -82,35 +82,17 @@ def _attend(keys, query, attention_mask, position_ids, alpha, theta, phase, back
     packed = attention_mask is None and q_len == kv_len and position_ids is not None  # Transformers' rule
     segments = find_packed_sequence_indices(q_pos) if packed else None
     extra = {} if sliding_window is None else {"sliding_window": sliding_window}
-    out = tapa_function(backend)(
+    out = _op(backend)(
         query, key, value, alpha=alpha, theta=theta, phase=phase, causal=True, q_positions=q_pos, k_positions=k_pos,
         key_padding_mask=key_padding, q_segment_ids=segments, k_segment_ids=segments, **extra,
     )
     return out.transpose(1, 2).contiguous()
 
 
-@functools.cache  # runs once per backend, not in every layer's forward
-def tapa_function(backend: str):
-    """The TAPA op for a backend: the dispatcher (``auto``), the Triton kernel, the chunked CPU path or the
-    reference. Checkpoint remote code carries the reference and the chunked path (not the Triton kernels):
-    there ``auto`` runs the chunked path on CPU and the reference elsewhere, and ``triton`` is a clear error."""
-    from ...kernels.tapa.chunked import tapa_attention_chunked
-    from ...kernels.tapa.naive import tapa_attention_reference
+@functools.cache  # imported once per backend, not in every layer's forward
+def _op(backend: str):
+    """The TAPA op of a backend, from the one TAPA dispatcher (:func:`~...kernels.tapa.dispatch.tapa_function`),
+    which checkpoint remote code carries too (with the reference and the chunked path, not the Triton kernels)."""
+    from ...kernels.tapa.dispatch import tapa_function
 
-    if backend == "reference":
-        return tapa_attention_reference
-    if backend == "chunked":
-        return tapa_attention_chunked
-    try:  # remote code bundles no Triton kernels: it runs without this import
-        from ...kernels.tapa import tapa_attention, tapa_attention_triton
-    except ImportError as exc:
-        if backend == "triton":
-            raise ImportError("tapa: backend='triton' needs hf-posenc installed (`pip install hf-posenc[triton]`)."
-                              ) from exc
-
-        def bundled(q, k, v, **kwargs):
-            fn = tapa_attention_chunked if q.device.type == "cpu" else tapa_attention_reference
-            return fn(q, k, v, **kwargs)
-
-        return bundled
-    return {"auto": tapa_attention, "triton": tapa_attention_triton}[backend]
+    return tapa_function(backend)

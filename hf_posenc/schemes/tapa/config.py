@@ -40,6 +40,9 @@ class TAPAConfig(SchemeConfig):
     backend: str = "auto"
 
     def __post_init__(self) -> None:
+        from ...kernels.tapa.args import PHASES
+        from ...kernels.tapa.dispatch import BACKENDS
+
         super().__post_init__()
         check_type(self.name, "alpha", self.alpha, (int, float))
         check_type(self.name, "theta", self.theta, (int, float))
@@ -51,10 +54,10 @@ class TAPAConfig(SchemeConfig):
             raise ValueError(f"tapa: alpha must be a finite number > 0 (paper: 0.1), got {self.alpha}.")
         if not 0 < self.theta < 1:
             raise ValueError(f"tapa: theta must be in (0, 1) (paper: 0.5), got {self.theta}.")
-        if self.phase not in ("quadratic", "linear"):
-            raise ValueError(f"tapa: phase must be 'quadratic' or 'linear', got {self.phase!r}.")
-        if self.backend not in ("auto", "triton", "chunked", "reference"):
-            raise ValueError(f"tapa: backend must be 'auto', 'triton', 'chunked' or 'reference', got {self.backend!r}.")
+        if self.phase not in PHASES:
+            raise ValueError(f"tapa: phase must be one of {PHASES} (eq. 12 / eq. 16), got {self.phase!r}.")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"tapa: backend must be one of {BACKENDS}, got {self.backend!r}.")
 
     def model_refusal(self, model: Any) -> str | None:
         """TAPA is an ``AttentionInterface`` function: the model must compute attention through Transformers'
