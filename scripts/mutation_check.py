@@ -36,7 +36,9 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-COPIED = ("hf_posenc", "hf_posenc_cli", "hf_posenc_experiments", "tests", "recipes", "pyproject.toml", "README.md", "docs")  # what the tests import or read
+# What the tests import or read (scripts and requirements: the upstream lane's runner and the lock it reads).
+COPIED = ("hf_posenc", "hf_posenc_cli", "hf_posenc_experiments", "tests", "recipes", "pyproject.toml", "README.md", "docs",
+          "scripts", "requirements")
 GUARD_MODULE = "_mutation_guard"
 GUARD_OK = "MUTATION-GUARD hf_posenc imported from the copy"
 GUARD = f'''"""Written by scripts/mutation_check.py: fail the run if hf_posenc is not the mutated copy's."""
@@ -732,6 +734,35 @@ MUTATIONS: tuple[Mutation, ...] = (
         tuple(f"tests/test_training.py::test_resume_refuses_each_class_of_changed_training_key[{case}]"
               for case in ("learning-rate", "scheduler", "warmup", "steps", "seed")),
         "a resumed run may change what is logged or saved, never the learning rate, schedule, steps or seed",
+    ),
+    # -- the upstream lane on the newest torch (issue #45) -----------------------------------------------------------
+    Mutation(
+        "upstream-lane-leaves-torch-out", "scripts/upstream_lane.py",
+        'UPSTREAM = ("torch", "transformers",',
+        'UPSTREAM = ("transformers",',
+        ("tests/test_upstream_lane.py::test_a_newer_torch_and_the_older_triton_it_pins_are_shown_and_blamed_as_such",),
+        "the lane tests the newest torch and names it when it breaks a test",
+    ),
+    Mutation(
+        "upstream-lane-calls-an-older-release-newer", "scripts/upstream_lane.py",
+        """f"{'an older' if _older(*moved[n]) else 'a newer'} release of {n}""",
+        """f"a newer release of {n}""",
+        ("tests/test_upstream_lane.py::test_a_newer_torch_and_the_older_triton_it_pins_are_shown_and_blamed_as_such",),
+        "the newest torch pins an older Triton than the lock's: the lane says older, not newer",
+    ),
+    Mutation(
+        "upstream-lane-counts-the-cpu-wheel-as-another-torch", "scripts/upstream_lane.py",
+        'return version.split("+", 1)[0]',
+        "return version",
+        ("tests/test_upstream_lane.py::test_the_torch_wheels_of_one_release_count_as_that_release",),
+        "torch 2.13.0+cpu is the locked 2.13.0: not a moved package to blame",
+    ),
+    Mutation(
+        "upstream-lane-skips-the-compile-lane-cell", "tests/test_compile_lane.py",
+        "@pytest.mark.upstream\ndef test_one_cell_compiles_on_this_triton(one_cell):",
+        "def test_one_cell_compiles_on_this_triton(one_cell):",
+        ("tests/test_upstream_lane.py::test_the_lane_selects_the_interpreter_tests_and_the_compile_lane_without_its_seed",),
+        "the kernels must compile on the newest torch's Triton, where the seed does not apply",
     ),
 )
 

@@ -2,12 +2,18 @@
 """The upstream lane: the suite's fast core (tests marked ``upstream``) on the newest releases the registry serves.
 
 The lock makes CI reproducible and also hides what ``pip install hf-posenc`` users get. This lane runs in the
-environment ``scripts/setup_upstream.sh`` builds (the lock, then the newest transformers, peft, accelerate, trl,
-datasets, huggingface-hub, deepspeed and triton; torch at the CPU pin), prints the versions it tested beside the
-locked ones, and fails CI when a test fails there, naming the release that broke it:
+environment ``scripts/setup_upstream.sh`` builds (the lock, then the newest torch, transformers, peft, accelerate,
+trl, datasets, huggingface-hub, deepspeed and triton, where the locked lane has torch's CPU wheel at the pin in
+scripts/setup.sh), prints the versions it tested beside the locked ones, and fails CI when a test fails there,
+naming the release that broke it:
 
     upstream lane: a newer release of transformers (5.25.0; the locked 5.24.0 passes) broke
       tests/test_tape.py::test_cached_generation_equals_full_forward_after_perturbation[llama-eager]
+
+The tests marked ``upstream`` are the core of the library on Transformers, PEFT and the rest, and, for torch and
+Triton, the Triton kernels under the interpreter and the compile lane's checks that compile without its seed (the
+seed's binaries are keyed by the locked Triton build). A package can also move down: the newest torch pins its own
+Triton (2026-12-02: torch 2.14.1 pins triton 3.8, the lock has 3.9), and the lane says so.
 
 When several packages moved, each failing test is re-run with one moved package at a time put back to its locked
 version (installed with --no-deps into a folder put first on PYTHONPATH, the lane's environment untouched): the
@@ -21,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -28,23 +35,44 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-UPSTREAM = ("transformers", "peft", "accelerate", "trl", "datasets", "huggingface-hub", "deepspeed", "triton")
+UPSTREAM = ("torch", "transformers", "peft", "accelerate", "trl", "datasets", "huggingface-hub", "deepspeed",
+            "triton")
 MARKER = "upstream"
+TORCH_PIN = re.compile(r'^TORCH_PIN="torch==([^"]+)"$', re.MULTILINE)  # the locked lane's torch (scripts/setup.sh)
 
 
 def normalize(name: str) -> str:
     return name.lower().replace("_", "-")
 
 
-def locked_versions(lock: Path = REPO / "requirements" / "lock.txt") -> dict[str, str]:
-    """``name -> version`` of the lock's ``name==version`` lines (names normalized as pip does)."""
+def locked_versions(lock: Path = REPO / "requirements" / "lock.txt",
+                    setup: Path = REPO / "scripts" / "setup.sh") -> dict[str, str]:
+    """``name -> version`` of the lock's ``name==version`` lines (names normalized as pip does), and torch's pin,
+    which scripts/setup.sh installs before the lock (the CPU wheel)."""
     pins = {}
     for line in lock.read_text().splitlines():
         line = line.split("#")[0].strip()
         if "==" in line:
             name, version = line.split("==", 1)
             pins[normalize(name)] = version.strip()
+    torch = TORCH_PIN.search(setup.read_text())
+    if torch is None:
+        raise SystemExit(f"upstream lane: no TORCH_PIN=\"torch==VERSION\" line in {setup}: the locked torch is unknown")
+    pins["torch"] = torch.group(1)
     return pins
+
+
+def public(version: str) -> str:
+    """A version without its local label (``2.13.0+cpu`` -> ``2.13.0``): the CPU and CUDA wheels of a release
+    are the same release."""
+    return version.split("+", 1)[0]
+
+
+def direction(old: str, new: str) -> str:
+    """``newer`` or ``older``: how the tested version ``new`` stands to the locked ``old``."""
+    from packaging.version import Version
+
+    return "newer" if Version(new) > Version(old) else "older"
 
 
 def installed_versions(python: str, names: tuple[str, ...]) -> dict[str, str]:
@@ -83,6 +111,10 @@ def passes_with_locked(python: str, package: str, version: str, tests: list[str]
         return subprocess.run(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL).returncode == 0
 
 
+def _older(old: str, new: str) -> bool:
+    return "-" not in (old, new) and direction(old, new) == "older"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--venv", default=os.environ.get("HF_POSENC_UPSTREAM_VENV", ".venv-upstream"))
@@ -91,13 +123,18 @@ def main(argv: list[str] | None = None) -> int:
     python = str((REPO / args.venv / "bin" / "python") if not os.path.isabs(args.venv) else Path(args.venv) / "bin/python")
     locked = locked_versions()
     tested = installed_versions(python, UPSTREAM)
-    moved = {n: (locked.get(n, "-"), tested[n]) for n in map(normalize, UPSTREAM) if locked.get(n) != tested[n]}
+    moved = {n: (locked.get(n, "-"), tested[n]) for n in map(normalize, UPSTREAM)
+             if public(locked.get(n, "-")) != public(tested[n])}
     print("upstream lane: versions tested (newest the registry serves) against the lock")
     for name in map(normalize, UPSTREAM):
-        mark = "  <- newer than the lock" if name in moved else ""
-        print(f"  {name:16} {tested[name]:12} locked {locked.get(name, '-')}{mark}")
-    torch = installed_versions(python, ("torch",))["torch"]
-    print(f"  {'torch':16} {torch:12} (the CPU pin, in both lanes)")
+        old, new = locked.get(name, "-"), tested[name]
+        mark = ""
+        if name in moved:
+            mark = (f"  <- {direction(old, new)} than the lock" if "-" not in (old, new) else
+                    "  <- not in the lock" if old == "-" else "  <- not installed")
+            if mark.endswith("older than the lock"):
+                mark += " (what a newer release requires)"
+        print(f"  {name:16} {new:12} locked {old}{mark}")
 
     with tempfile.TemporaryDirectory() as tmp:
         junit = Path(tmp) / "upstream.xml"
@@ -123,8 +160,9 @@ def main(argv: list[str] | None = None) -> int:
                     if len(moved) > 1 and old != "-" and passes_with_locked(python, n, old, [test])]
         blame.setdefault(", ".join(culprits or moved), []).append(test)
     for names, tests in blame.items():
-        which = " or ".join(f"{n} ({moved[n][1]}; the locked {moved[n][0]} passes)" for n in names.split(", "))
-        print(f"upstream lane: a newer release of {which} broke", file=sys.stderr)
+        which = " or ".join(f"{'an older' if _older(*moved[n]) else 'a newer'} release of {n} ({moved[n][1]}; the "
+                            f"locked {moved[n][0]} passes)" for n in names.split(", "))
+        print(f"upstream lane: {which} broke", file=sys.stderr)
         for test in tests:
             print(f"  {test}", file=sys.stderr)
     print("Fix: support both releases (list any private name in hf_posenc/upstream.py with its test), or bound the "

@@ -23,6 +23,7 @@ def _attention(scheme: str) -> torch.nn.Module:
     return model.model.layers[0].self_attn
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("scheme", list(ENTRIES))
 def test_mixed_dtypes_under_autocast_run_in_the_autocast_dtype(scheme):
     attn, entry = _attention(scheme), ENTRIES[scheme]

@@ -251,6 +251,7 @@ def test_kernel_key_padding_and_segments(lq, window):
     _check(kw, B, 4, 2, lq, Lk, 32, seed=11 + lq)
 
 
+@pytest.mark.upstream
 def test_kernel_fp16_forward():
     _check(dict(), 1, 4, 2, 37, 37, 32, seed=21, backward=False, dtype=torch.float16, atol=3e-3)
     _check(dict(phase="linear"), 1, 2, 1, 3, 40, 32, seed=22, backward=False, dtype=torch.float16, atol=3e-3)
@@ -272,6 +273,7 @@ def test_kernel_head_dims_64_128(name):
     _check(kw, *shape, seed=300 + list(HEAD_DIM_CASES).index(name))
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
 @pytest.mark.parametrize("D, kw", [(32, dict()), (64, dict(phase="linear", sliding_window=11)), (128, dict())])
 def test_kernel_fp16_backward(D, kw, deterministic):
@@ -371,6 +373,7 @@ def test_fast_math_error_stays_inside_bf16_resolution(alpha, keys):
     assert 0 < err < 2.0**-9 * exact.abs().max().item(), err
 
 
+@pytest.mark.upstream
 def test_split_combine_many_splits():
     """The split-K combine reads the splits 16 at a time: 37 partials (some empty) against a direct merge."""
     g = torch.Generator().manual_seed(9)
@@ -412,6 +415,7 @@ def test_packed_segments_equal_separate_runs():
         torch.testing.assert_close(out[:, :, sl], alone, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("lq, window", [(1, None), (3, None), (3, 8)])
 def test_decode_rows_equal_full_pass(lq, window):
     q, k, v = _qkv(2, 4, 2, 40, 40, 32, seed=51)
@@ -422,6 +426,7 @@ def test_decode_rows_equal_full_pass(lq, window):
     torch.testing.assert_close(step, full[:, :, -lq:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.upstream
 def test_kernel_empty_rows_zero_and_finite_grads():
     q, k, v = _qkv(1, 2, 1, 20, 20, 32, seed=61, grad=True)
     kpm = torch.ones(1, 20, dtype=torch.bool)
@@ -511,6 +516,7 @@ def test_window_decode_reads_only_the_window():
     torch.testing.assert_close(out, ref, atol=3e-4, rtol=3e-4)
 
 
+@pytest.mark.upstream
 def test_dispatch(monkeypatch):
     """Which path `tapa_attention` takes (spied, not inferred from equal outputs), and that it returns that path's
     result: Triton under the interpreter / on CUDA, and on CPU the chunked path for float64 (the kernel takes no

@@ -189,6 +189,7 @@ def test_triton_lazy_rescaling_matches_reference(growth):
         torch.testing.assert_close(g / scale, (r / scale).float(), atol=1e-4, rtol=0, msg=lambda m: f"d{label}: {m}")
 
 
+@pytest.mark.upstream
 def test_positional_output_gradient_reaches_dq_and_dk():
     """With dO = 0 and only dẼ non-zero, dq and dk must still be non-zero (dP = dẼ·Eᵀ, Δ = rowsum(dẼ∘Ẽ)).
 
@@ -212,6 +213,7 @@ def test_positional_output_gradient_reaches_dq_and_dk():
     torch.testing.assert_close(dk_oe - dk_o, dk, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.upstream
 def test_triton_fp16_forward():
     B, Hq, Hkv, Lq, Lk, D, De = 1, 4, 2, 37, 37, 32, 16
     inputs, kpm = make_inputs(B, Hq, Hkv, Lq, Lk, D, De, left_pad=True, dtype=torch.float16)
@@ -222,6 +224,7 @@ def test_triton_fp16_forward():
     torch.testing.assert_close(eo, reo, **TOL[torch.float16])
 
 
+@pytest.mark.upstream
 @pytest.mark.parametrize("deterministic", [False, True], ids=["fused-bwd", "deterministic-bwd"])
 @pytest.mark.parametrize("D", [32, 64, 128])
 def test_triton_fp16_backward(D, deterministic):
@@ -304,6 +307,7 @@ def test_gpu_backward_plan(arch, fused, D):
     assert [s.name for s in det.specs] == ["row_dot", "tape_bwd_dkdv", "tape_bwd_dq"]
 
 
+@pytest.mark.upstream
 def test_triton_non_contiguous_inputs_and_custom_scale():
     """Token-major views (what HF attention passes), forward and backward: the row strides of q/k/v/e then differ
     from those of dO/dẼ, which the backward tiles must keep apart."""
@@ -322,6 +326,7 @@ def test_triton_non_contiguous_inputs_and_custom_scale():
         torch.testing.assert_close(g, r, atol=1e-4, rtol=1e-4, msg=lambda m: f"d{label}: {m}")
 
 
+@pytest.mark.upstream
 def test_dispatch(monkeypatch):
     """Which path `tape_attention` takes (spied, not inferred from equal outputs): the Triton kernel on CUDA or
     under the interpreter, the reference for float64 (the kernel takes no float64)."""
