@@ -224,11 +224,16 @@ def run_command(args: argparse.Namespace,
         return 2
     if args.command == "train":
         return table["train"](args)
+    from .gguf_export import EngineError
+
     try:
         return table[args.command](args)
     except (ValueError, TypeError, FileNotFoundError, OSError, ImportError) as exc:  # ImportError: names the install
         print(f"hf-posenc {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except EngineError as exc:  # a serving engine's tool failed: its log's end, no traceback
+        print(f"hf-posenc {args.command}: error: {exc}", file=sys.stderr)
+        return 1
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -60,6 +60,13 @@ from .schemes import ROPE_TYPES
 from .schemes.base import FrequencySchemeConfig
 from .schemes.base import head_dim as config_head_dim
 
+
+
+class EngineError(RuntimeError):
+    """llama.cpp's converter or quantizer failed on input hf-posenc accepted: the message ends with the end of its
+    log (the command line prints it without a traceback, exit status 1)."""
+
+
 # Which Transformers architectures llama.cpp carries: generated from its source by scripts/llama_cpp_archs.py.
 LLAMA_CPP_TABLE = Path(__file__).resolve().parent / "data" / "llama_cpp.json"
 # Transformers' own rope types whose frequencies are not one fixed vector (its `dynamic_rope_update` recomputes
@@ -208,7 +215,7 @@ def _run_converter(script: Path, checkpoint: str, out: str, outtype: str, name: 
     done = subprocess.run(cmd, capture_output=True, text=True)
     if done.returncode != 0 or not os.path.exists(out):
         tail = "\n".join((done.stderr or done.stdout).strip().splitlines()[-15:])
-        raise RuntimeError(f"llama.cpp's converter failed (exit {done.returncode}):\n{tail}")
+        raise EngineError(f"llama.cpp's converter failed (exit {done.returncode}):\n{tail}")
 
 
 def add_rope_freqs(src: str | os.PathLike, dst: str | os.PathLike, factors: torch.Tensor, attention_factor: float,
@@ -299,7 +306,7 @@ def quantize(src: str, dst: str, quantization: str = "q4_k_m") -> str:
     """Run llama.cpp's quantizer on the GGUF file ``src``, writing ``dst``; returns a one-line summary (sizes, type).
 
     Its log (several lines per tensor) is captured in a file beside ``dst`` and deleted afterwards; a failure raises
-    a ``RuntimeError`` ending with the log's last lines."""
+    an :class:`EngineError` ending with the log's last lines."""
     check_quantizer(quantization)
     import llama_cpp
 
@@ -318,7 +325,7 @@ def quantize(src: str, dst: str, quantization: str = "q4_k_m") -> str:
             error = e
         if error is not None or status != 0 or not os.path.exists(dst):
             why = f"{type(error).__name__}: {error}" if error is not None else f"status {status}"
-            raise RuntimeError(f"llama.cpp's quantizer failed on {src} ({why}); the end of its log:\n"
+            raise EngineError(f"llama.cpp's quantizer failed on {src} ({why}); the end of its log:\n"
                                + _log_tail(log)) from error
     finally:
         with contextlib.suppress(OSError):

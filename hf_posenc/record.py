@@ -73,8 +73,10 @@ class SchemeRecord:
         name = record.get("scheme")
         if name not in SCHEMES:
             raise ValueError(
-                f"this checkpoint uses the positional-encoding scheme {name!r}, which hf-posenc {LIBRARY_VERSION} "
-                f"does not know (known: {sorted(SCHEMES)}); upgrade with `pip install -U hf-posenc`."
+                f"this checkpoint uses the positional-encoding scheme {name!r}, which is not registered here "
+                f"(hf-posenc {LIBRARY_VERSION} knows {sorted(SCHEMES)}): if {name!r} comes from your own code or "
+                "another package (`hf_posenc.register_scheme`), import or run that first; if it is a scheme of a "
+                "newer hf-posenc, upgrade with `pip install -U hf-posenc`."
             )
         missing = [k for k in ("options", "stock_model_type", "original_rope_parameters") if k not in record]
         if missing:

@@ -115,7 +115,7 @@ def test_export_refuses_what_stock_transformers_cannot_express(tmp_path):
     "edit, match",
     [
         (lambda r: r.update(format_version=FORMAT_VERSION + 1), "newer than the format"),
-        (lambda r: r.update(scheme="warp-rope"), "does not know"),
+        (lambda r: r.update(scheme="warp-rope"), r"'warp-rope', which is not registered here.*import or run that first"),
         (lambda r: r["options"].update(clip_low_n=-4), "clip_low_n must be >= 0"),
     ],
 )

@@ -371,3 +371,20 @@ def test_cli_prints_a_family_refusal_as_one_line(tmp_path, smollm2_tokenizer, ca
     assert errors[0].startswith("hf-posenc export: error: export_gguf: llama.cpp converts 'qwen2' models"), err
     assert errors[0].endswith("lists the families that export to GGUF."), err
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_cli_prints_an_engine_failure_with_its_log_and_no_traceback(capsys):
+    """llama.cpp's converter or quantizer failing (an EngineError, its log's end in the message) ends the command
+    with status 1 and that message, not a Python traceback."""
+    import argparse
+
+    from hf_posenc.cli import run_command
+    from hf_posenc.gguf_export import EngineError
+
+    def export(args):
+        raise EngineError("llama.cpp's converter failed (exit 1):\nValueError: an unknown tensor")
+
+    rc = run_command(argparse.Namespace(command="export"), commands={"export": export})
+    err = capsys.readouterr().err
+    assert rc == 1 and "Traceback" not in err
+    assert err.startswith("hf-posenc export: error: llama.cpp's converter failed (exit 1):\nValueError: an unknown")
