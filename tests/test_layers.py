@@ -101,3 +101,39 @@ def test_the_vocabulary_is_a_leaf_of_the_standard_library():
     outside = [name for name in imported if name.split(".")[0] not in sys.stdlib_module_names | {"__future__"}]
     assert not outside, f"hf_posenc_cli/vocabulary.py imports {outside}: keep it to the standard library"
 
+
+
+
+def _imported_modules(path: Path, text: str | None = None) -> set[str]:
+    """The absolute names of the modules the hf_posenc file ``path`` (or ``text`` as if it were that file) imports:
+    relative imports resolved, ``from X import y`` counted as ``X`` and ``X.y``."""
+    parts = path.relative_to(ROOT).with_suffix("").parts[:-1]  # the file's package
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text() if text is None else text)):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = list(parts[: len(parts) - node.level + 1]) if node.level else []
+            module = ".".join([*base, *(node.module.split(".") if node.module else [])])
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+def test_no_library_code_imports_the_kernels_dev_tooling():
+    """``hf_posenc.kernels.dev`` (the compile lane, reading binaries) is development tooling: no other module of the
+    library imports it, so ``import hf_posenc`` and a checkpoint's remote code never need it."""
+    dev, folder = "hf_posenc.kernels.dev", ROOT / "hf_posenc" / "kernels" / "dev"
+    offenders = {}
+    for path in (ROOT / "hf_posenc").rglob("*.py"):
+        found = sorted(m for m in _imported_modules(path) if m == dev or m.startswith(dev + "."))
+        if found and folder not in path.parents:
+            offenders[str(path.relative_to(ROOT))] = found
+    assert not offenders, f"library modules import the dev tooling: {offenders}"
+
+
+@pytest.mark.parametrize("statement", ["from ..dev import compile_lane", "from hf_posenc.kernels.dev.binaries import sass",
+                                       "import hf_posenc.kernels.dev"])
+def test_the_dev_import_check_resolves_every_form_of_import(statement):
+    where = ROOT / "hf_posenc" / "kernels" / "tapa" / "anything.py"
+    assert any(m.startswith("hf_posenc.kernels.dev") for m in _imported_modules(where, statement + "\n"))
