@@ -653,11 +653,42 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the passkey documents come first in the concat packing, so each fills exactly one training window",
     ),
     Mutation(
-        "peft-r0-drops-the-scheme-modules", "hf_posenc/adapters.py",
+        "peft-r0-drops-the-scheme-modules", "hf_posenc/adapters/config.py",
         "modules_to_save=save or None, **kwargs)",
         "modules_to_save=None, **kwargs)",
-        ("tests/test_experiment_tape_peft.py::test_exactly_the_declared_parameters_train",),
-        "peft.r: 0 trains the targets whole and still trains the scheme's own modules (PEFT drops what is not saved)",
+        ("tests/test_checkpoint.py::test_lora_config_trains_the_scheme_modules_itself",),
+        "peft.r: 0 trains the targets whole and still names the scheme's own modules (PEFT drops what is not saved)",
+    ),
+    # -- PEFT's own wrapping and saving over a patched base (issue #45: TRL's SFTTrainer, plain PEFT) ----------------
+    Mutation(
+        "peft-wrapping-leaves-the-scheme-modules-frozen", "hf_posenc/adapters/guard.py",
+        'trained = train_scheme_modules(a["model"], config)',
+        "trained = config",
+        ("tests/test_trl.py::test_the_schemes_own_modules_train_under_a_hand_written_lora_config",
+         "tests/test_checkpoint.py::test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_the_right_one"),
+        "a hand-written LoraConfig (TRL's recipe) must train TAPE's blocks, or the run is plain LoRA on an identity TAPE",
+    ),
+    Mutation(
+        "scheme-module-rule-ignores-exclude-modules", "hf_posenc/adapters/config.py",
+        "if ours and not any(_saved(config, k) or _excluded(config, k) for k in ours):",
+        "if ours and not any(_saved(config, k) for k in ours):",
+        ("tests/test_checkpoint.py::test_a_scheme_module_kept_frozen_on_purpose_stays_frozen_without_a_word",),
+        "exclude_modules (lora_config(scheme_modules=False)) keeps the scheme's modules frozen on purpose",
+    ),
+    Mutation(
+        "peft-save-writes-no-adapter-record", "hf_posenc/adapters/guard.py",
+        "    if caller_is_describing() or scheme_record(base) is None:\n        return",
+        "    return",
+        ("tests/test_trl.py::test_the_trainers_adapter_reloads_with_the_trained_logits",
+         "tests/test_trl.py::test_the_trainers_adapter_is_refused_on_a_wrong_base",),
+        "trainer.save_model (PeftModel.save_pretrained) over a patched base writes the adapter record the check reads",
+    ),
+    Mutation(
+        "transformers-adapter-save-writes-no-adapter-record", "hf_posenc/families/base.py",
+        "                describe(self, save_directory)",
+        "                pass",
+        ("tests/test_checkpoint.py::test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_the_right_one",),
+        "model.add_adapter then model.save_pretrained saves the adapter with its record, as a PeftModel's save does",
     ),
     # -- the command line (issue #36: help and argument errors without torch) ---------------------------------------
     Mutation(
