@@ -283,7 +283,7 @@ def test_gpu_backward_plan(arch, fused, D):
     """On Hopper the fused backward is planned at head dims <= 128 (its tiles: key blocks of 64+, so every product
     can run on the warpgroup MMA), the two-kernel one at D = 256 and on Ampere; deterministic=True always plans
     the two-kernel backward. Planned on meta tensors, nothing runs."""
-    from hf_posenc.kernels._triton import Target
+    from hf_posenc.kernels._triton.launch import Target
     from hf_posenc.kernels.tape.args import validate_tape_args
     from hf_posenc.kernels.tape.triton_tape import plan_backward
 
