@@ -5,11 +5,12 @@
 # release they serve), with the Triton that torch pins, where the locked lane has the CPU wheel of torch 2.13.
 # scripts/upstream_lane.py runs the suite's fast core, the Triton interpreter tests and the compile lane in it and
 # names the release that broke what. Re-running the script upgrades again (quick when nothing moved).
-# Time added to CI (measured 2026-12-02 on a 2-core machine shared with other jobs): torch 2.14.1 is a CUDA build,
+# Time added to CI (measured 2026-12-02 on a 2-core machine): torch 2.14.1 is a CUDA build,
 # which imports on a CPU machine only with its CUDA libraries (torch and the nvidia-*/cuda-* wheels it requires are
 # 2.4 GB of wheels; the environment grows from 2.7 to 6.6 GB; with --no-deps, `import torch` fails on libcudnn.so.9).
-# The whole script took 251 s (63 s copying the locked environment, 188 s for the newest releases and the check)
-# where it took 68 s with torch at the CPU pin: about 185 s more. The time the lane's tests add: docs/benchmarks.md.
+# On that machine otherwise idle the whole script took 99 s (17 s copying the locked environment, 82 s for the newest
+# releases and the check) where it took 38 s with torch at the CPU pin: about 60 s more (under load from other jobs:
+# 251 s against 68 s). The time the lane's tests add: docs/benchmarks.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HF_POSENC_UPSTREAM_VENV:-.venv-upstream}"

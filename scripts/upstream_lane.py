@@ -85,7 +85,12 @@ def installed_versions(python: str, names: tuple[str, ...]) -> dict[str, str]:
 
 
 def run_pytest(python: str, args: list[str], junit: Path, env: dict[str, str] | None = None) -> int:
-    cmd = [python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", f"--junitxml={junit}", *args]
+    """The marked tests on two pytest-xdist workers taking whole files, as scripts/test.sh runs the suite
+    (HF_POSENC_TEST_WORKERS=0: serial): on 2 cores the newest torch's slower imports and compiles otherwise leave
+    a core idle."""
+    workers = os.environ.get("HF_POSENC_TEST_WORKERS", "2")
+    parallel = ["-n", workers, "--dist", "loadfile"] if workers != "0" else []
+    cmd = [python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", *parallel, f"--junitxml={junit}", *args]
     return subprocess.run(cmd, cwd=REPO, env=env).returncode
 
 
