@@ -696,3 +696,30 @@ def test_lora_setup_is_one_path_with_checked_names(workspace):
     recipe = load_recipe(data=_recipe(workspace, "lora", peft={"target_modules": ["qkv_proj"]}))
     with pytest.raises(RecipeError, match="peft: LoRA target_modules"):
         wrap_peft(recipe, tiny_model("llama"))
+
+
+@pytest.mark.parametrize("dry_run", [True, False])
+def test_a_model_without_rotary_embeddings_is_refused_from_its_config_before_any_weight_loads(
+        workspace, monkeypatch, capsys, dry_run):
+    """A GPT-2 recipe (learned absolute positions) ends with one line naming the model type, exit 2, both with
+    --dry-run and without, and no weights loaded."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from hf_posenc.cli import main
+
+    GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=16, n_positions=64)).save_pretrained(
+        workspace / "gpt2")
+
+    def no_load(*a, **k):
+        raise AssertionError("weights were loaded for a model no scheme applies to")
+
+    monkeypatch.setattr("hf_posenc.training.trainer.load_base_model", no_load)
+    path = workspace / "gpt2.yaml"
+    path.write_text(yaml.safe_dump(_recipe(workspace, "gpt2-out", model={"path": str(workspace / "gpt2")})))
+    capsys.readouterr()  # the save's progress bar
+    assert main(["train", str(path), *(["--dry-run"] if dry_run else [])]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("hf-posenc train: model: hf-posenc does not support model type 'gpt2'"), err
+    assert "Traceback" not in err
+    out = workspace / "gpt2-out"
+    assert not out.exists() or not any(out.iterdir())  # nothing written (the output check may leave it empty)

@@ -21,9 +21,11 @@ def run_train(args: argparse.Namespace) -> int:
     try:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.dry_run:
-            from .trainer import context_length_notes, load_model_config
+            from .trainer import check_family, context_length_notes, load_model_config
 
-            notes = context_length_notes(recipe, load_model_config(recipe))
+            config = load_model_config(recipe)
+            check_family(recipe, config)
+            notes = context_length_notes(recipe, config)
             print(json.dumps({"recipe": recipe.to_dict(), "notes": notes}, indent=2, default=str))
             return 0
         from .trainer import run_training

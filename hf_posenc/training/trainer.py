@@ -69,6 +69,18 @@ def load_model_config(recipe: Recipe):
     return load_config(*resolve_source(m.path, m.gguf_file))
 
 
+def check_family(recipe: Recipe, config: Any) -> None:
+    """Refuse, from the base model's config alone (no weights loaded), a model type hf-posenc cannot patch with
+    the recipe's scheme (a model without rotary embeddings, GPT-2; a family that refuses the scheme), as a
+    :class:`~hf_posenc.training.config.RecipeError` naming the reason and ``model.path``."""
+    from ..families import check_scheme, family_for
+
+    try:
+        check_scheme(family_for(config.model_type), recipe.scheme_config())
+    except ValueError as exc:  # FamilyRefused
+        raise RecipeError(f"model: {exc}") from exc
+
+
 def load_base_model(recipe: Recipe):
     """Load the pretrained model (GGUF dequantized) or build the inline config with random weights."""
     from transformers import AutoModelForCausalLM
@@ -573,6 +585,7 @@ def _run_training(recipe: Recipe, resume: bool) -> TrainResult:
     last = _check_output_dir(recipe, resume)
     scheme = recipe.scheme_config()
     config = load_model_config(recipe)  # checks that need no weights
+    check_family(recipe, config)
     check_sequence_parallel(recipe, scheme, config)
     notes = context_length_notes(recipe, config)
     for note in notes:
