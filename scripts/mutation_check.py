@@ -664,8 +664,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "peft-wrapping-leaves-the-scheme-modules-frozen", "hf_posenc/adapters/guard.py",
         'trained = train_scheme_modules(a["model"], config)',
         "trained = config",
-        ("tests/test_trl.py::test_the_schemes_own_modules_train_under_a_hand_written_lora_config",
-         "tests/test_checkpoint.py::test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_the_right_one"),
+        ("tests/test_checkpoint.py::test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_the_right_one"
+         "[tape over cope-PeftModel.save_pretrained]",),
         "a hand-written LoraConfig (TRL's recipe) must train TAPE's blocks, or the run is plain LoRA on an identity TAPE",
     ),
     Mutation(
@@ -679,8 +679,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "peft-save-writes-no-adapter-record", "hf_posenc/adapters/guard.py",
         "    if caller_is_describing() or scheme_record(base) is None:\n        return",
         "    return",
-        ("tests/test_trl.py::test_the_trainers_adapter_reloads_with_the_trained_logits",
-         "tests/test_trl.py::test_the_trainers_adapter_is_refused_on_a_wrong_base",),
+        ("tests/test_checkpoint.py::test_every_adapter_loader_refuses_a_wrong_base_naming_the_fix_and_accepts_the_right_one"
+         "[cope-PeftModel.save_pretrained]",),
         "trainer.save_model (PeftModel.save_pretrained) over a patched base writes the adapter record the check reads",
     ),
     Mutation(
