@@ -296,6 +296,9 @@ def add_experiment_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--work", help="where runs are trained and cached (default out/experiments/NAME-SIZE/work); "
                                        "a rerun reuses finished runs with the same settings")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="runs trained at once, each in its own process with one torch thread (default 1; 2 on "
+                             "2 cores does nearly twice the work: the miniatures are too small to share threads)")
     parser.add_argument("--render-only", action="store_true",
                         help="train nothing: rewrite results.md (and the verdict, tests and claims in results.json) "
                              "from the results.json in --out, e.g. a committed report after a change to the report")

@@ -11,7 +11,8 @@ it free of anything outside the standard library).
 from __future__ import annotations
 
 PERTURBATION_SCORES = ("all", "unperturbed")  # hf_posenc.diagnostics.perturbation.SCORES
-ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation")
+ANALYSES = ("frequency_usage", "positional_heads", "disentanglement", "distance_bias", "semantic_decay", "perturbation",
+            "phase_regime")
 # the evaluation tasks: hf-posenc's own (perplexity, passkey), then lm-evaluation-harness's RULER tasks
 # (hf_posenc.evaluation.harness runs them, with the hf-posenc[eval] extra); the first six build their samples locally
 RULER_LOCAL_TASKS = ("niah_single_1", "niah_multikey_2", "niah_multikey_3", "ruler_vt", "ruler_cwe", "ruler_fwe")

@@ -15,8 +15,9 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
 * :mod:`.cope_passkey`: RoPE, CoPE and HardClip in the CoPE paper's recipe (ABF to its base / length ratio, passkey
   windows mixed into the continued training at 4L, YaRN x4 beyond), held-out loss and passkey retrieval at 4L, 8L
   and 16L, with the angles that say whether the paper's claims can show at this size;
-* :mod:`.tape_peft`: the context-extension base continued at 4L with TAPE's modules and o_proj trained, LoRA at a
-  matched number of trainable parameters, and o_proj alone (every other weight frozen): TAPE's claim against LoRA;
+* :mod:`.tape_peft`: 4-layer RoPE bases (several pretraining seeds) continued at 2L with PI x2, training the norms
+  and TAPE's blocks (at the authors' width and at the paper's parameter ratio), or LoRA at r = 1…16, or nothing
+  else, each arm at its own rate chosen on a validation text: TAPE's claim against the LoRA rank curve;
 * :mod:`.why`: the position-generalization diagnostics on each experiment's trained models;
   :mod:`.reproduce`: a rerun with other seeds against a committed report;
 * :mod:`.corpus`: Jane Austen's novels from Debian's ``r-cran-janeaustenr`` (read by :mod:`.rdata`), one novel

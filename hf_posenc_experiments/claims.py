@@ -1,5 +1,12 @@
 """What a miniature can test, and the lines that end every report: one per claim of a paper, each **confirmed**,
-**refuted** or **cannot be tested** (at this scale, or here at all), with the reason.
+**refuted**, **not tested fairly at this scale** or **cannot be tested** (at this scale, or here at all), with the
+reason.
+
+"Refuted" is reserved for a comparison in which every arm had the same tuning effort (the same number of learning
+rates tried, each arm at its own best rate chosen on a validation split, the same steps) and the design reaches the
+paper's regime on the axis that matters (:class:`Tuning`); a negative result without that record is "not tested
+fairly at this scale", with what is missing (:meth:`Claim.judged`). A :class:`Claim` that says "refuted" without a
+fair record cannot be built.
 
 Whether CoPE, HardClip or p-RoPE can differ from RoPE at all is a matter of angles: they change only RoPE's lowest
 frequencies, and a frequency ω turns ω·n radians over n positions. :func:`turn` computes, from a scheme spec and a
@@ -20,9 +27,9 @@ from typing import Any
 
 from hf_posenc.schemes.spec import parse_scheme_spec
 
-CONFIRMED, REFUTED = "confirmed", "refuted"
+CONFIRMED, REFUTED, UNFAIR = "confirmed", "refuted", "not tested fairly at this scale"
 UNTESTABLE_SCALE, UNTESTABLE_HERE = "cannot be tested at this scale", "cannot be tested here"
-STATUSES = (CONFIRMED, REFUTED, UNTESTABLE_SCALE, UNTESTABLE_HERE)
+STATUSES = (CONFIRMED, REFUTED, UNFAIR, UNTESTABLE_SCALE, UNTESTABLE_HERE)
 CLAIMS_HEADING = "## The papers' claims"
 
 
@@ -112,6 +119,130 @@ def tapa_step(spec: str = "tapa") -> float:
 
 
 @dataclass(frozen=True)
+class Tuning:
+    """The tuning budget behind a comparison, and whether its design reaches the paper's regime.
+
+    Attributes:
+        rates: arm -> the peak learning rates tried for it at the final budget.
+        steps: arm -> optimizer steps at the final budget.
+        validated: each arm's rate was chosen on a validation split (not on the scored text).
+        flattened: whether the reference arm's held-out curve had flattened at the final budget (``None``: not
+            measured).
+        regime: the regime axis that matters, in words, with the value here and the paper's (the rotation angles
+            for CoPE / p-RoPE, the phase at distance 1 and the training budget for TAPA, the parameter ratio for
+            TAPE).
+        regime_reached: the design reaches the paper's regime on that axis.
+    """
+
+    rates: dict[str, tuple[float, ...]]
+    steps: dict[str, int]
+    validated: bool
+    flattened: bool | None
+    regime: str
+    regime_reached: bool
+
+    def missing(self) -> list[str]:
+        """What keeps this comparison from being a fair test (empty: a fair one)."""
+        out = []
+        counts = {len(r) for r in self.rates.values()}
+        if not self.rates or min(counts) < 2:
+            tried = ", ".join(f"{arm} {'/'.join(f'{r:g}' for r in rates)}" for arm, rates in self.rates.items())
+            out.append(f"a per-arm learning-rate grid at the final budget (rates tried: {tried})")
+        elif len(counts) > 1:
+            out.append("the same number of learning rates tried for every arm")
+        elif not self.validated:
+            out.append("each arm's rate chosen on a validation split")
+        if len(set(self.steps.values())) > 1:
+            out.append("the same steps for every arm")
+        if not self.regime_reached:
+            out.append(f"the paper's regime ({self.regime})")
+        return out
+
+    @property
+    def fair(self) -> bool:
+        return not self.missing()
+
+    def describe(self) -> str:
+        """The budget in words: rates tried and steps per arm, the reference's curve, the regime."""
+        arms = "; ".join(f"{arm}: {'/'.join(f'{r:g}' for r in self.rates[arm])} x {self.steps.get(arm, 0):,} steps"
+                         for arm in self.rates)
+        curve = {True: "flattened", False: "still falling", None: "not measured"}[self.flattened]
+        return (f"tuning: {arms}; rate chosen on {'a validation split' if self.validated else 'no validation split'}; "
+                f"the reference's curve {curve}; regime: {self.regime}")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "fair": self.fair, "missing": self.missing()}
+
+
+def fixed_rates(arms: dict[str, tuple[float, int]], regime: str, regime_reached: bool) -> Tuning:
+    """The record of a comparison whose arms each trained at one fixed rate (``arms``: arm -> (rate, steps)), with
+    no grid and no validation split: equal effort at best, tuned for none."""
+    return Tuning(rates={arm: (rate,) for arm, (rate, _) in arms.items()},
+                  steps={arm: steps for arm, (_, steps) in arms.items()}, validated=False, flattened=None,
+                  regime=regime, regime_reached=regime_reached)
+
+
+# TAPA's regime (shared/notes/evidence-facts.md): with weights at normal(0, σ) and width d, the phase at distance 1
+# (eq. 12 at |m − n| = 1) has a standard deviation of about 2π·d·σ² and a median magnitude 0.6745 times that. The
+# paper states no init: at LLaMA-3 7B's width (d = 4096) with σ = 0.02 the median is about 6.9 rad. Its budget:
+# 420B tokens for a 7B model, 60 tokens per parameter. A design reaches either axis at half the paper's value or
+# more (the rule :mod:`.cope_passkey` applies to rotation angles).
+TAPA_PAPER_WIDTH, TAPA_PAPER_INIT, TAPA_PAPER_TOKENS_PER_PARAMETER = 4096, 0.02, 420e9 / 7e9
+
+
+def tapa_init_phase(hidden_size: int, initializer_range: float) -> float:
+    """The median |phase at distance 1| at init of TAPA in a model of width ``hidden_size`` whose weights are drawn
+    from normal(0, ``initializer_range``): 0.6745 · 2π · d · σ² radians."""
+    return 0.6745 * 2 * math.pi * hidden_size * initializer_range ** 2
+
+
+TAPA_PAPER_PHASE = tapa_init_phase(TAPA_PAPER_WIDTH, TAPA_PAPER_INIT)
+
+
+def llama_parameters(hidden_size: int, intermediate_size: int, num_layers: int, vocab_size: int) -> int:
+    """Parameters of a Llama-style decoder without GQA, with tied embeddings (the miniatures' models)."""
+    layer = 4 * hidden_size ** 2 + 3 * hidden_size * intermediate_size + 2 * hidden_size
+    return vocab_size * hidden_size + num_layers * layer + hidden_size
+
+
+def tapa_regime(phase_at_init: float, tokens: int, parameters: int) -> tuple[str, bool]:
+    """TAPA's regime axes in words, and whether both reach half the paper's: the median phase at distance 1 at
+    init (radians) and the training budget in tokens per parameter."""
+    per_parameter = tokens / parameters
+    reached = (phase_at_init >= TAPA_PAPER_PHASE / 2
+               and per_parameter >= TAPA_PAPER_TOKENS_PER_PARAMETER / 2)
+    text = (f"median phase at distance 1 at init {angle(phase_at_init)} rad here against about "
+            f"{angle(TAPA_PAPER_PHASE)} rad at the paper's width (d = {TAPA_PAPER_WIDTH}, σ = {TAPA_PAPER_INIT} "
+            f"assumed: the paper states no init); budget {per_parameter:.1f} tokens per parameter ({tokens:,} tokens, "
+            f"{parameters:,} parameters) against the paper's {TAPA_PAPER_TOKENS_PER_PARAMETER:.0f}")
+    return text, reached
+
+
+def tapa_arms_tuning(arms: dict[str, tuple[str, Any, Any]], context_length: int) -> Tuning:
+    """The tuning record of a from-scratch TAPA comparison whose arms (label -> (scheme spec, model settings,
+    optimisation settings)) were each trained once and scored on the held-out text: the rates each method (RoPE,
+    TAPA) tried over its arms, the steps, no validation split, and TAPA's regime at its hottest initial scale and
+    its largest model (byte vocabulary)."""
+    from .tokenizer import VOCAB_SIZE
+
+    rates: dict[str, set[float]] = {}
+    steps: dict[str, int] = {}
+    for spec, _, train in arms.values():
+        method = "TAPA" if spec.startswith("tapa") else "RoPE" if spec == "rope" else None
+        if method is not None:
+            rates.setdefault(method, set()).add(train.learning_rate)
+            steps[method] = max(steps.get(method, 0), train.steps)
+    tapa = [(model, train) for spec, model, train in arms.values() if spec.startswith("tapa")]
+    model, train = max(tapa, key=lambda arm: (arm[0].num_layers, arm[0].initializer_range))
+    hottest = max(m.initializer_range for m, _ in tapa)
+    regime, reached = tapa_regime(
+        tapa_init_phase(model.hidden_size, hottest), train.steps * train.batch_size * context_length,
+        llama_parameters(model.hidden_size, model.intermediate_size, model.num_layers, VOCAB_SIZE))
+    return Tuning(rates={method: tuple(sorted(r)) for method, r in rates.items()}, steps=steps, validated=False,
+                  flattened=None, regime=regime, regime_reached=reached)
+
+
+@dataclass(frozen=True)
 class Claim:
     """One claim of a paper and what this experiment says about it.
 
@@ -120,28 +251,57 @@ class Claim:
         claim: the claim, with the paper's numbers.
         status: one of :data:`STATUSES`.
         reason: the evidence (intervals) or why the design cannot reach the claim.
+        tuning: the tuning record of the comparison (required for "refuted", and fair there).
     """
 
     paper: str
     claim: str
     status: str
     reason: str
+    tuning: Tuning | None = None
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"status must be one of {STATUSES}, got {self.status!r}")
+        if self.status == REFUTED and (self.tuning is None or not self.tuning.fair):
+            missing = "no tuning record" if self.tuning is None else "; ".join(self.tuning.missing())
+            raise ValueError(f"a claim is 'refuted' only with equal tuning of every arm in the paper's regime "
+                             f"(missing: {missing}); build it with Claim.judged, which says {UNFAIR!r} instead")
+
+    @classmethod
+    def judged(cls, paper: str, claim: str, status: str, reason: str, tuning: Tuning) -> Claim:
+        """The claim with ``status`` as the evidence reads, except that a negative reading ("refuted") without a
+        fair ``tuning`` record becomes "not tested fairly at this scale", naming what is missing; the record is
+        written into the reason either way."""
+        if status == REFUTED and not tuning.fair:
+            reason = (f"a negative reading, not a fair test: missing {'; '.join(tuning.missing())}. "
+                      f"The evidence: {reason}")
+            status = UNFAIR
+        return cls(paper, claim, status, f"{reason} ({tuning.describe()})", tuning)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Claim:
+        """The claim :meth:`to_dict` wrote (a report's JSON)."""
+        tuning = data.get("tuning")
+        if tuning is not None:
+            fields = {k: v for k, v in tuning.items() if k not in ("fair", "missing")}  # derived, not fields
+            tuning = Tuning(**{**fields, "rates": {arm: tuple(r) for arm, r in fields["rates"].items()}})
+        return cls(data["paper"], data["claim"], data["status"], data["reason"], tuning)
 
     def line(self) -> str:
         return f"{self.paper}: {self.claim}: **{self.status}**: {self.reason}"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        out["tuning"] = None if self.tuning is None else self.tuning.to_dict()
+        return out
 
 
 def claims_section(claims: Sequence[Claim], notes: Sequence[str] = ()) -> list[str]:
     """The Markdown lines of a report's closing section: one line per claim, then ``notes``."""
     return [CLAIMS_HEADING, "", "One line per claim of the papers that this experiment speaks to: confirmed, refuted, "
-            "or cannot be tested (at this scale, or here at all), with the reason; intervals as in the tests above.",
+            "not tested fairly at this scale, or cannot be tested (at this scale, or here at all), with the reason; "
+            "intervals as in the tests above.",
             "", *[f"- {c.line()}" for c in claims], "", *[f"{note}\n" for note in notes]]
 
 
@@ -154,7 +314,7 @@ def unless_context_is_used(claims: list[Claim], floor: Any, what: str) -> list[C
         return claims
     lead = (f"RoPE is not detectably below the bigram floor ({floor.interval()}): these models hardly use context, "
             f"so {what} cannot show; ")
-    return [Claim(c.paper, c.claim, UNTESTABLE_SCALE, lead + c.reason) for c in claims]
+    return [Claim(c.paper, c.claim, UNTESTABLE_SCALE, lead + c.reason, c.tuning) for c in claims]
 
 
 def han_ji_claim(why: dict[str, Any], models: str = "2-layer byte models") -> Claim:

@@ -1,4 +1,4 @@
-"""``hf-posenc experiment NAME [--size toy|small] [--seeds N] [--first-seed K] [--out DIR] [--work DIR]
+"""``hf-posenc experiment NAME [--size toy|small] [--seeds N] [--first-seed K] [--jobs N] [--out DIR] [--work DIR]
 [--check-against RESULTS_JSON] [--render-only]``: run a miniature reproduction and write ``results.json``,
 ``results.md`` and PNGs to ``--out``; with ``--check-against``, also whether its means reproduce a committed
 report's (:mod:`.reproduce`); with ``--render-only``, only rewrite ``results.md`` (and the analysis fields of
@@ -22,8 +22,9 @@ CONFIGS = {c.name: c for c in EXPERIMENT_CONFIGS}
 def rerun_command(args: argparse.Namespace) -> str:
     """The canonical command line that reproduces this run."""
     parts = ["hf-posenc", "experiment", args.name, "--size", args.size]
+    jobs = getattr(args, "jobs", 1)
     for flag, value in (("--seeds", args.seeds), ("--first-seed", args.first_seed), ("--check-against", args.check_against),
-                        ("--out", args.out)):
+                        ("--out", args.out), ("--jobs", jobs if jobs > 1 else None)):
         if value:  # only what differs from the defaults
             parts += [flag, str(value)]
     return shlex.join(parts)
@@ -31,8 +32,11 @@ def rerun_command(args: argparse.Namespace) -> str:
 
 def run_experiment(args: argparse.Namespace) -> int:
     """Run the named experiment; returns the exit status."""
+    from .runner import set_jobs
+
     if args.seeds is not None and args.seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    set_jobs(getattr(args, "jobs", 1))
     default = Path("out") / "experiments" / f"{args.name}-{args.size}"
     out = Path(args.out) if args.out else default
     work = Path(args.work) if args.work else default / "work"

@@ -918,38 +918,104 @@ class CopePasskeyConfig(ExtensionSettings):
 
 
 
-# TAPE's parameter-efficient context extension against LoRA (issue #33 §2): the arms, what each trains
+# TAPE's parameter-efficient context extension against LoRA at the paper's parameter ratio (issue #33 §2, #47 §2)
 @dataclass(frozen=True)
 class PeftArm:
-    """One arm of :class:`TapePeftConfig`: the scheme of the continued training and what trains (every other weight
-    frozen).
+    """One arm of :class:`TapePeftConfig`: the scheme of the continued training and what trains besides the norms
+    (which train in every arm; every other weight frozen).
 
     Attributes:
-        spec: scheme spec (``tape``, ``rope``).
-        modules: module names (leaf names, every layer): LoRA's targets if ``lora``, else trained whole (the
-            recipe's ``peft.r = 0``).
-        lora: LoRA adapters on ``modules``, at the rank whose trainable-parameter count is closest to the
-            ``match`` arm's (:func:`hf_posenc_experiments.tape_peft.matched_rank`).
-        scheme_modules: also train the scheme's own modules whole (TAPE's ``tape`` blocks: W1, W2, ψ and W_att).
+        spec: scheme spec (``rope:scaling=linear,factor=2``; TAPE with the same interpolation as its frequencies).
+        rank: LoRA's rank on :attr:`TapePeftConfig.lora_modules` (alpha = ``lora_alpha_per_rank`` × rank); 0: no
+            LoRA (the recipe's ``peft.r = 0``: the norms are PEFT's targets, trained whole).
+        scheme_modules: train the scheme's own modules whole (TAPE's ``tape`` blocks: W_att, ψ, W1 and W2).
     """
 
     spec: str
-    modules: tuple[str, ...]
-    lora: bool = False
+    rank: int = 0
     scheme_modules: bool = False
 
     def __post_init__(self) -> None:
         parse_scheme_spec(self.spec)  # an unknown scheme or option fails here, before any training
-        if not self.modules:
-            raise ValueError(f"PeftArm {self.spec!r}: name the modules to train (PEFT needs a target)")
+        if self.rank < 0:
+            raise ValueError(f"PeftArm {self.spec!r}: rank must be >= 0 (0: no LoRA), got {self.rank}")
+
+    @property
+    def lora(self) -> bool:
+        return self.rank > 0
 
 
-TAPE_PEFT_TAPE, TAPE_PEFT_LORA, TAPE_PEFT_OPROJ = "TAPE + o_proj", "LoRA (matched)", "o_proj only"
-TAPE_PEFT_ARMS: dict[str, PeftArm] = {
-    TAPE_PEFT_TAPE: PeftArm("tape", ("o_proj",), scheme_modules=True),
-    TAPE_PEFT_LORA: PeftArm("rope", ("q_proj", "k_proj", "v_proj", "o_proj"), lora=True),
-    TAPE_PEFT_OPROJ: PeftArm("rope", ("o_proj",)),
-}
+# the paper's setup (§4.3, the authors' script): Llama-2-7B (d = 4,096, 32 heads of 128, 32 layers, MHA), TAPE's
+# update width I = 4 x heads, LoRA at r = 8 on q, k, v, o
+LLAMA2_7B = ModelSettings(hidden_size=4096, intermediate_size=11008, num_layers=32, num_heads=32, head_dim=128)
+TAPE_PAPER_LORA_RANK = 8
+LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj")
+LLAMA_NORMS = ("input_layernorm", "post_attention_layernorm", "norm")  # every RMSNorm of a Llama decoder
+
+
+def tape_parameters(model: ModelSettings, width: int | None = None) -> int:
+    """TAPE's trainable parameters in ``model`` (no GQA): a block per layer but the last, whose update no layer
+    reads: W_att (heads × heads), ψ (d × I), W1 (heads × I) and W2 (I × heads); ``width`` I, default 4 × heads (the
+    authors' code)."""
+    width = 4 * model.num_heads if width is None else width
+    return (model.num_layers - 1) * (model.num_heads ** 2 + (model.hidden_size + 2 * model.num_heads) * width)
+
+
+def lora_parameters(model: ModelSettings, rank: int) -> int:
+    """LoRA's trainable parameters at ``rank`` on q, k, v and o of every layer (no GQA): r × (in + out) each."""
+    return model.num_layers * rank * 4 * (model.hidden_size + model.num_heads * model.head_dim)
+
+
+def paper_ratio() -> float:
+    """TAPE's parameters against LoRA r = 8's in the paper's Llama-2-7B (16,538,624 / 8,388,608 = 1.97)."""
+    return tape_parameters(LLAMA2_7B) / lora_parameters(LLAMA2_7B, TAPE_PAPER_LORA_RANK)
+
+
+def paper_ratio_width(model: ModelSettings) -> int:
+    """The TAPE width I at which TAPE : LoRA r = 8 in ``model`` is closest to the paper's (:func:`paper_ratio`)."""
+    target = paper_ratio() * lora_parameters(model, TAPE_PAPER_LORA_RANK)
+    per_width = tape_parameters(model, 1) - tape_parameters(model, 0)
+    low = max(1, int((target - tape_parameters(model, 0)) // per_width))
+    return min((low, low + 1), key=lambda w: (abs(tape_parameters(model, w) - target), w))
+
+
+TAPE_PEFT_CONTROL, TAPE_PEFT_TAPE, TAPE_PEFT_WIDE = "norms only", "TAPE (I = 4H)", "TAPE (paper's ratio)"
+TAPE_PEFT_RANKS = (1, 2, 4, 8, 16)  # the LoRA rank curve TAPE is placed on
+# the rates tried for every arm: the paper's 2e-5 scaled to this base (below), then half-decade steps up
+TAPE_PEFT_RATES = (2e-4, 6e-4, 2e-3)
+TAPE_PEFT_BASES = 3  # the preset's bases (pretraining seeds) when none are given
+
+
+def lora_label(rank: int) -> str:
+    """``"LoRA r=8"``."""
+    return f"LoRA r={rank}"
+
+
+TAPE_PEFT_REFERENCE = lora_label(TAPE_PAPER_LORA_RANK)  # the paper's LoRA, whose curve says whether runs flattened
+
+
+def interpolated(spec: str, factor: float) -> str:
+    """``spec`` with linear position interpolation × ``factor`` (PI) on its rotary frequencies: ``rope`` gets
+    ``scaling=linear,factor=F``, TAPE gets them as the frequencies its states start from."""
+    name, sep = parse_scheme_spec(spec).name, "," if ":" in spec else ":"
+    if name == "rope":
+        return f"{spec}{sep}scaling=linear,factor={factor:g}"
+    if name == "tape":
+        return f'{spec}{sep}frequencies={{"scheme":"rope","scaling":"linear","factor":{factor:g}}}'
+    raise ValueError(f"interpolated: only rope and tape arms take PI here, got {spec!r}")
+
+
+def tape_peft_arms(model: ModelSettings, ranks: tuple[int, ...], factor: float) -> dict[str, PeftArm]:
+    """The arms: the norms alone (the control: the LoRA curve's r = 0), LoRA at each of ``ranks``, TAPE at the
+    authors' width and TAPE at :func:`paper_ratio_width`; all with PI × ``factor``."""
+    rope = interpolated("rope", factor)
+    return {TAPE_PEFT_CONTROL: PeftArm(rope),
+            **{lora_label(r): PeftArm(rope, rank=r) for r in ranks},
+            TAPE_PEFT_TAPE: PeftArm(interpolated("tape", factor), scheme_modules=True),
+            TAPE_PEFT_WIDE: PeftArm(interpolated(f"tape:hidden={paper_ratio_width(model)}", factor),
+                                    scheme_modules=True)}
+
+
 # The paper's rate (Table 5, context extension: 2e-5 for Llama2-7B, whose pretraining peaked at 3e-4; the authors'
 # script gives every method that rate) scaled by our base's pretraining rate: 2e-5 / 3e-4 x 3e-3 = 2e-4.
 TAPE_PAPER_LEARNING_RATE, LLAMA2_PRETRAIN_LEARNING_RATE = 2e-5, 3e-4
@@ -968,68 +1034,139 @@ class ConstantTrainSettings(TrainSettings):
 
 @dataclass(frozen=True, kw_only=True)
 class TapePeftConfig(ExtensionSettings):
-    """TAPE's claim (issue #33 §2): parameter-efficient TAPE extends a RoPE model's context better than LoRA
-    (the TAPE paper §3.3 and §4.3: Llama2-7B from 4k to 8k, TAPE's W1, W2 and "the post-attention linear layer"
-    trained, PG19 perplexity at 8k 7.063 against LoRA's 8.199). The context-extension base (RoPE pretrained at L,
-    the same settings, so the same model) is continued at 4L with each arm of :data:`TAPE_PEFT_ARMS`, everything
-    else frozen: TAPE's blocks and every o_proj (the issue's reading of that layer); LoRA on q, k, v, o at the rank
-    whose trainable-parameter count is closest to TAPE's; o_proj alone (if it matches TAPE, the gain is not
-    TAPE's). Scored by held-out loss at L, 4L (the extended length: the paper's 8k), 8L and 16L.
+    """TAPE's claim (issue #33 §2, redone per issue #47 §2): parameter-efficient TAPE extends a RoPE model's context
+    better than LoRA (the TAPE paper §3.3 and §4.3: Llama2-7B from 4k to 8k, PG19 perplexity at 8k 7.063 against
+    LoRA's 8.199), tested at the paper's parameter ratio with a per-arm learning-rate grid and several bases.
 
-    Settings, fixed from the paper and its authors' script (``VITA-Group/TAPE``: ``train_llama.py``,
-    ``script/train_llama.sh``) before any run, none tuned on results:
+    A 4-layer byte-level RoPE base is pretrained at L once per base seed (``seeds`` bases), then continued at 2L with
+    each arm of :func:`tape_peft_arms`, everything else frozen: the norms alone (the control), LoRA on q, k, v, o at
+    each rank of ``ranks`` (the curve TAPE is placed on at equal trainable parameters), TAPE's blocks at the
+    authors' width I = 4H, and TAPE's blocks at the width that gives the paper's TAPE : LoRA r = 8 ratio. Each arm's
+    rate is chosen on the validation text of the first base; then each arm is continued once per base at its rate,
+    and scored on the held-out text at L, 2L (the trained length: the paper's 8k), 4L and 8L, paired by base.
 
-    * 1,000 steps for every arm (the paper's Table 5), batch 4 windows of 4L = 256 bytes (1,024 bytes a step, the
-      base's pretraining batch; the paper: 64 × 8k tokens);
-    * learning rate 2e-4 for every arm: the paper's 2e-5 (Table 5, the same for every method in the authors'
-      script) is 1/15 of Llama 2's pretraining peak (3e-4); 1/15 of this base's (3e-3) is 2e-4. The script's
-      schedule: 50 warm-up steps, then constant (``constant_with_warmup``), weight decay 0;
-    * LoRA: alpha = 2 × rank (the script's r = 8, alpha = 16), dropout 0, on q, k, v, o (the script's targets);
-    * 3 seeds of the continued training (paired by seed), one shared base (seed 0).
+    Settings, fixed from the paper, its authors' script (``VITA-Group/TAPE``: ``train_llama.py``,
+    ``script/train_llama.sh``) and issue #47 before any run, none tuned on results:
+
+    * The base: :class:`ContextExtensionConfig`'s (byte Llama, d = 64, 2 heads of 32, θ = 10,000, L = 64, 1,000
+      steps of 16 windows at lr 3e-3) with 4 layers instead of 2 (the issue: at least 4; one fewer TAPE block
+      than layers, so 3 blocks), pretrained once per base seed: bases 0, 1, 2 by default. The intervals are over
+      bases, paired by base, so they contain the bases' spread (every earlier design extended one base).
+    * The extension: L → 2L with linear position interpolation × 2 for every arm (the paper: 4k → 8k, PI × 2 for
+      every method in the authors' script), so the interpolated positions stay inside the pretraining range; TAPE
+      composes with it (its states start from the interpolated frequencies: at init the patched model's logits
+      equal the RoPE + PI base's exactly).
+    * What trains: the norms in every arm (the paper trains embeddings and norms for every method); the embeddings
+      in none, because this base ties them to the output head and the recipe trainer cannot keep a trained copy
+      tied without LoRA (``peft.r = 0``), which the TAPE arms must not have, and because at 16,384 parameters they
+      would outweigh TAPE's 1,644 tenfold. TAPE's arms train W_att, ψ, W1 and W2 of every block and no o_proj (the
+      authors' "post-attention linear layer" is W_att; their code freezes o_proj).
+    * The parameter ratio (the regime axis): the paper's TAPE has 16.5M parameters against LoRA r = 8's 8.4M
+      (1.97 : 1, :func:`paper_ratio`); at the authors' width (I = 4H = 8 here) this base's TAPE has 1,644 against
+      LoRA r = 8's 16,384 (0.10 : 1), because the ratio scales with the head count (32 heads there, 2 here). The
+      second TAPE arm widens I to :func:`paper_ratio_width` (158: 32,244 parameters, 1.97 : 1), which reaches the
+      paper's ratio at the cost of its shape (I / d = 2.5 against the paper's 1/32). A TAPE arm counts as in the
+      paper's regime when its ratio is at least half the paper's (the rule :class:`CopePasskeyConfig` uses for
+      angles). TAPE is compared with LoRA at its own parameter count (the curve interpolated between ranks, the
+      control as r = 0), with LoRA r = 8 (the paper's comparison) and with the control.
+    * Optimisation, every arm the same except the rate: 1,000 steps (the paper's Table 5), batch 8 windows of 2L =
+      128 bytes (1,024 bytes a step, as the base's pretraining; the paper: 64 × 8k tokens), 50 warm-up steps then
+      constant (``constant_with_warmup``), weight decay 0, AdamW (the authors' script); LoRA alpha = 2 × rank (the
+      script's r = 8, alpha = 16), dropout 0, on q, k, v, o (the script's targets).
+    * The rate grid, the same for every arm: 2e-4 (the paper's 2e-5, 1/15 of Llama 2's pretraining peak 3e-4, at
+      1/15 of this base's 3e-3), 6e-4 and 2e-3 (half-decade steps up: the paper's rate was set for a 7B model and
+      new modules, and every arm here trains few parameters; 2e-3 stays below the base's own peak). Each arm's rate
+      is the one with the lowest loss at 2L on the validation text (the last ``eval_tokens`` bytes of the held-out
+      novel, far from the scored slice, never trained on) after the full 1,000 steps on the first base; a best rate
+      at the grid's edge is said so in the report.
+    * Whether the reference's curve had flattened: LoRA r = 8's logged training loss (every 50 steps; the run reads
+      1 MB of the 3.6 MB training text, so its windows are new to it) fell in the last quarter of the run by at most
+      ``flat_fraction`` (a tenth) of its fall from the first log, on every base.
+
+    The budget (``small``, 3 bases, two cells at a time — the experiment's default, one torch thread each — on 2
+    idle CPU cores): about 23 min, estimated from timed 100-step runs (the module's docstring has the numbers): 3
+    base pretrainings (about 62 s each), 24 grid runs on the first base (8 arms × 3 rates) and 16 runs on the other
+    bases (48-70 s each). ``toy``: seconds (CI), a 2-layer d = 32 model (one TAPE block), LoRA ranks 1 and 2, two
+    rates, a few steps. ``gpu`` is refused.
 
     Attributes:
         arms: report label -> arm.
-        match: the arm whose trainable-parameter count the LoRA arms match.
+        ranks: the LoRA ranks of the curve (each arm ``LoRA r=R``).
+        learning_rates: the rates tried for every arm (the first: the paper's, scaled).
+        position_interpolation: PI's factor for every arm.
         lora_alpha_per_rank: LoRA's alpha / rank.
+        lora_modules: LoRA's targets.
+        flat_fraction: the reference's last-quarter fall, as a fraction of its whole fall, below which its curve
+            counts as flattened.
     """
 
-    arms: dict[str, PeftArm] = field(default_factory=lambda: dict(TAPE_PEFT_ARMS))
-    match: str = TAPE_PEFT_TAPE
+    arms: dict[str, PeftArm]
+    ranks: tuple[int, ...] = TAPE_PEFT_RANKS
+    learning_rates: tuple[float, ...]
+    position_interpolation: float = 2.0
     lora_alpha_per_rank: float = 2.0
+    lora_modules: tuple[str, ...] = LORA_MODULES
+    flat_fraction: float = 0.1
 
     name = "tape_peft"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.match not in self.arms or self.arms[self.match].lora:
-            raise ValueError(f"match must name an arm that is not LoRA, got {self.match!r}")
+        if self.extension_factor not in self.eval_multiples:
+            raise ValueError("the trained length (extension_factor x L) must be among the evaluation lengths")
+        if self.extend.learning_rate not in self.learning_rates or len(set(self.learning_rates)) < 2:
+            raise ValueError(f"learning_rates must hold at least two rates, the paper's scaled "
+                             f"{self.extend.learning_rate:g} among them; got {self.learning_rates}")
+        needed = [TAPE_PEFT_CONTROL, TAPE_PEFT_TAPE, TAPE_PEFT_WIDE, *map(lora_label, self.ranks)]
+        missing = [label for label in needed if label not in self.arms]
+        if missing:
+            raise ValueError(f"the experiment needs the arms {missing}")
+        if any(self.arms[lora_label(r)].rank != r for r in self.ranks):
+            raise ValueError("each 'LoRA r=R' arm must have rank R")
+        for label, arm in self.arms.items():  # PI on every arm (TAPE: on the frequencies its states start from)
+            scheme = parse_scheme_spec(arm.spec)
+            rotary = scheme.frequency_scheme() if scheme.name == "tape" else scheme
+            if (getattr(rotary, "scaling", None), getattr(rotary, "factor", None)) != \
+                    ("linear", self.position_interpolation):
+                raise ValueError(f"arm {label!r}: every arm extends with PI x {self.position_interpolation:g} "
+                                 f"(interpolated(spec, factor)), got {arm.spec!r}")
 
     def scheme_specs(self) -> list[str]:
         return [arm.spec for arm in self.arms.values()]
 
+    @property
+    def tape_arms(self) -> list[str]:
+        """The arms that train TAPE's blocks."""
+        return [label for label, arm in self.arms.items() if arm.scheme_modules]
+
+    @property
+    def bases(self) -> list[int]:
+        """The bases' pretraining seeds (the seeds of the command line); the first is the one rates are chosen on."""
+        return self.seed_list
+
     @classmethod
-    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapePeftConfig:
-        """``small``: the context-extension base (L = 64, d = 64, 2 layers), 3 seeds: about 6 min on 2 idle CPU
-        cores, estimated from timed partial runs on one core with one torch thread (a whole 1,000-step TAPE run,
-        training and evaluation: 34 s; LoRA 21 ms and o_proj alone 19 ms a step against TAPE's 29 ms; the base's
-        1,000 pretraining steps about 45 s): 9 continued runs of 26-34 s, the base, about 10 s of setup.
-        ``toy``: seconds (CI), a 2-layer d = 32 model (one layer would have no TAPE block: the last layer's update
-        is never read)."""
-        rate = TAPE_PAPER_LEARNING_RATE / LLAMA2_PRETRAIN_LEARNING_RATE  # 1/15 of the base's pretraining rate
+    def preset(cls, size: str, seeds: int = TAPE_PEFT_BASES, first_seed: int = 0) -> TapePeftConfig:
+        """``small``: the experiment (about 23 min with 3 bases on 2 idle CPU cores, two cells at a time);
+        ``toy``: seconds (CI); ``gpu`` is refused as by the other CPU experiments."""
+        pi = 2.0  # the paper's PI x 2 for its 2x extension (4k -> 8k); here L -> 2L
         if size == "toy":
+            model = ModelSettings(32, 64, 2, 2, 16)  # one layer would have no TAPE block (the last is never read)
             pretrain = TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1)
-            return cls(size=size, context_length=16, extension_factor=4, eval_multiples=(1, 4, 16), eval_tokens=512,
-                       train_chars=4096, model=ModelSettings(32, 64, 2, 2, 16), pretrain=pretrain,
-                       extend=ConstantTrainSettings(steps=3, batch_size=2, learning_rate=rate * pretrain.learning_rate,
-                                                    warmup_steps=1, weight_decay=0.0),
-                       seeds=seeds, first_seed=first_seed)
+            ranks, rates = (1, 2), TAPE_PEFT_RATES[::2]
+            return cls(size=size, context_length=16, extension_factor=2, eval_multiples=(1, 2, 4), eval_tokens=512,
+                       train_chars=4096, model=model, pretrain=pretrain,
+                       extend=ConstantTrainSettings(steps=3, batch_size=2, learning_rate=rates[0], warmup_steps=1,
+                                                    weight_decay=0.0),
+                       arms=tape_peft_arms(model, ranks, pi), ranks=ranks, learning_rates=rates,
+                       position_interpolation=pi, seeds=seeds, first_seed=first_seed)
         base = ContextExtensionConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
-        return cls(size=size, context_length=base.context_length, extension_factor=4, eval_multiples=(1, 4, 8, 16),
-                   eval_tokens=base.eval_tokens, train_chars=base.train_chars, model=base.model, pretrain=base.pretrain,
-                   extend=ConstantTrainSettings(steps=1000, batch_size=4,
-                                                learning_rate=rate * base.pretrain.learning_rate, warmup_steps=50,
-                                                weight_decay=0.0),
-                   seeds=seeds, first_seed=first_seed)
+        model = dataclasses.replace(base.model, num_layers=4)
+        return cls(size=size, context_length=base.context_length, extension_factor=2, eval_multiples=(1, 2, 4, 8),
+                   eval_tokens=base.eval_tokens, train_chars=base.train_chars, model=model, pretrain=base.pretrain,
+                   extend=ConstantTrainSettings(steps=1000, batch_size=8, learning_rate=TAPE_PEFT_RATES[0],
+                                                warmup_steps=50, weight_decay=0.0),
+                   arms=tape_peft_arms(model, TAPE_PEFT_RANKS, pi), learning_rates=TAPE_PEFT_RATES,
+                   position_interpolation=pi, seeds=seeds, first_seed=first_seed)
 
 
 # every experiment's configuration (its name is its module's and the command line's)

@@ -137,7 +137,7 @@ def run(config: ContextExtensionConfig, out: str | Path, work: str | Path, comma
 def render(payload: dict[str, Any], config: ContextExtensionConfig) -> str:
     """``results.md`` from ``results.json``."""
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
-    claims = [Claim(**c) for c in payload.get("claims") or []]
+    claims = [Claim.from_dict(c) for c in payload.get("claims") or []]
     md = [
         f"# Context extension of a pretrained base ({config.size})",
         "",

@@ -36,7 +36,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, angle, changed_frequencies, claims_section
+from .claims import (
+    CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, angle, changed_frequencies, claims_section, fixed_rates,
+)
 from .config import CopePasskeyConfig
 from .context_extension import BASE_LABEL, pretrain_base
 from .corpus import Corpus, write_text
@@ -409,6 +411,7 @@ def paper_claims(summary: Summary, runs: Sequence[dict[str, Any]], passkey: Mapp
     beyond = [n for n in config.eval_lengths if n > trained]
     runs = arm_runs(runs)
     out: list[Claim] = []
+    rates = {label: (config.extend.learning_rate, config.extend.steps) for label in summary.rows}
 
     def passkey_diff(a: str, length: int, measure: str) -> Difference:
         return compare(passkey_values(runs, a, length, measure), passkey_values(runs, REFERENCE, length, measure))
@@ -454,19 +457,19 @@ def paper_claims(summary: Summary, runs: Sequence[dict[str, Any]], passkey: Mapp
         learned = retrieves(passkey, REFERENCE, trained) or retrieves(passkey, "CoPE", trained)
         note = ("" if learned else f"; neither RoPE nor CoPE retrieves the key at the trained length {trained} "
                 "(greedy exact match 0), so retrieval beyond it cannot show")
-        out.append(Claim(
+        out.append(Claim.judged(
             "CoPE", f"CoPE retrieves and models better than RoPE beyond the trained length with YaRN x4 "
             f"({', '.join(f'{n // L}L' for n in beyond)} here; HELMET average 52.72 vs 44.29 at 128k and 28.48 vs "
             "14.37 at 256k, RULER NIAH 94.0 vs 91.0 and 78.5 vs 60.5, trained at 64k)", found,
-            lead + written(groups) + note + "."))
+            lead + written(groups) + note + ".", fixed_rates(rates, reach.text(), reach.testable)))
     if "HardClip" in summary.rows and REFERENCE in summary.rows:
         reach = reaches[f"HardClip at {f}L"]
         groups = evidence("HardClip", [trained], -1)
         found, lead = decided(groups, reach)
-        out.append(Claim(
+        out.append(Claim.judged(
             "CoPE", f"HardClip (the same lowest frequencies zeroed) is worse than RoPE inside the trained length "
             f"({f}L here; HELMET average 50.71 vs 52.94 at 64k, RULER NIAH 99.33 vs 99.67)", found,
-            lead + written(groups) + "."))
+            lead + written(groups) + ".", fixed_rates(rates, reach.text(), reach.testable)))
     return out
 
 
@@ -570,7 +573,7 @@ def render(payload: dict[str, Any], config: CopePasskeyConfig) -> str:
     """``results.md`` from ``results.json``."""
     runs = arm_runs(payload["runs"])
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
-    claims = [Claim(**c) for c in payload.get("claims") or []]
+    claims = [Claim.from_dict(c) for c in payload.get("claims") or []]
     L, trained = config.context_length, config.extended_length
     names = [(f"{m}L" if m > 1 else "L") + f" = {m * L}" + (" (YaRN)" if m > config.extension_factor else "")
              for m in config.eval_multiples]

@@ -44,7 +44,7 @@ def find_janeaustenr() -> Path:
     )
 
 
-INSTALL_SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "data" / "install_austen.sh"  # source checkout
+INSTALL_SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "data" / "install_austen.sh"  # source checkout
 
 
 def ensure_janeaustenr() -> Path:

@@ -17,8 +17,8 @@ from typing import Any
 
 from hf_posenc.schemes.spec import parse_scheme_spec
 from .claims import (
-    CONFIRMED, COPE_PAPER, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, claims_section, han_ji_claim, paper_reach,
-    reach, tapa_step, turn,
+    CONFIRMED, COPE_PAPER, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, Tuning, claims_section, fixed_rates,
+    han_ji_claim, llama_parameters, paper_reach, reach, tapa_init_phase, tapa_regime, tapa_step, turn,
 )
 from .config import ExperimentSettings, LengthGeneralisationConfig, ModelSettings, TrainSettings
 from .corpus import Corpus, austen_corpus, ngram_entropies, write_text
@@ -28,12 +28,18 @@ from .report import (
 )
 from .runner import Cell, Summary, build_recipe, run_cells, slug
 from .stats import Difference
-from .tokenizer import byte_tokenizer, save_byte_tokenizer
+from .tokenizer import VOCAB_SIZE, byte_tokenizer, save_byte_tokenizer
 from .why import diagnose
 
 
 def prepare(config: ExperimentSettings, corpus: Corpus, work: Path) -> dict[str, Any]:
-    """Write the training files, the held-out evaluation file and the tokenizer under ``work``; measure the floors."""
+    """Write the training files, the held-out evaluation file, the validation file and the tokenizer under
+    ``work``; measure the floors.
+
+    The scored text is the first ``eval_tokens`` bytes of the held-out novel; the validation text (on which the
+    experiments with a learning-rate grid choose each arm's rate) is its last ``eval_tokens`` bytes: never trained
+    on, and hundreds of thousands of bytes away from the scored slice, so a rate chosen on it is not chosen on the
+    scores it is judged by."""
     data = work / "data"
     train = Corpus(corpus.name, {k: v if config.train_chars is None else v[: config.train_chars]
                                  for k, v in corpus.train.items()}, corpus.heldout)
@@ -43,8 +49,14 @@ def prepare(config: ExperimentSettings, corpus: Corpus, work: Path) -> dict[str,
     if len(eval_ids) < config.eval_tokens:
         raise ValueError(f"the held-out text has {len(eval_ids)} bytes, fewer than eval_tokens={config.eval_tokens}")
     eval_file = write_text(data / "heldout.txt", tokenizer.decode(eval_ids))
+    heldout_ids = tokenizer(corpus.heldout).input_ids
+    validation_ids = heldout_ids[-config.eval_tokens:]
+    if len(heldout_ids) < 2 * config.eval_tokens:
+        raise ValueError(f"the held-out text has {len(heldout_ids)} bytes, fewer than twice eval_tokens="
+                         f"{config.eval_tokens}: the scored and the validation slices would overlap")
+    validation_file = write_text(data / "validation.txt", tokenizer.decode(validation_ids))
     return {"train_files": files, "eval_file": eval_file, "tokenizer_dir": save_byte_tokenizer(data / "tokenizer"),
-            "eval_ids": eval_ids, "eos_id": tokenizer.eos_token_id, "floors": ngram_entropies(eval_ids),
+            "eval_ids": eval_ids, "validation_file": validation_file, "validation_ids": validation_ids, "eos_id": tokenizer.eos_token_id, "floors": ngram_entropies(eval_ids),
             "train_bytes": sum(len(t.encode()) for t in train.train.values())}
 
 
@@ -138,6 +150,10 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGener
     def diff(name: str, a: str, b: str | float, length: int, higher: str, lower: str) -> str:
         return tests.line([(name, summary.diff(a, b, length), higher, lower)])
 
+    def fixed(labels: Sequence[str], regime: str, reached: bool) -> Tuning:  # every row at the same single rate
+        return fixed_rates({label: (config.train.learning_rate, config.train.steps) for label in labels}, regime,
+                           reached)
+
     if REFERENCE in rows and "CoPE" in rows:
         spec = config.schemes["CoPE"]
         cos = math.cos(turn(spec, model.head_dim, model.rope_theta, L))
@@ -173,33 +189,41 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGener
         status = judge([(d, +1)])
         text = diff("p-RoPE 0.25 - RoPE at L", "p-RoPE 0.25", REFERENCE, L, "higher loss than RoPE",
                     "lower loss than RoPE")
-        out.append(Claim(
+        within = reach(spec, model.head_dim, model.rope_theta, {f'L = {L}': L})
+        out.append(Claim.judged(
             "p-RoPE", "0.25-RoPE has a higher perplexity than RoPE at the training length (4.5302 vs 4.4627)",
-            status or UNTESTABLE_SCALE,
-            f"{reach(spec, model.head_dim, model.rope_theta, {f'L = {L}': L})}, so this one is within reach; "
-            + text + ("" if status else f"; {undecided([d])} (the paper's effect is 1.5 %)") + "."))
+            status or UNTESTABLE_SCALE, f"{within}, so this one is within reach; "
+            + text + ("" if status else f"; {undecided([d])} (the paper's effect is 1.5 %)") + ".",
+            fixed([REFERENCE, "p-RoPE 0.25"], within, True)))
     nope_refs = [r for r in (REFERENCE, "p-RoPE 0.75", "p-RoPE 0.25") if r in rows]
     if "NoPE" in rows and nope_refs:
         evidence = [(summary.diff("NoPE", r, L), +1) for r in nope_refs]
         status = judge(evidence)
         text = tests.line([(f"NoPE - {r} at L", d, f"higher loss than {r}", f"lower loss than {r}")
                            for r, (d, _) in zip(nope_refs, evidence)])
-        out.append(Claim(
+        out.append(Claim.judged(
             "p-RoPE", "NoPE has the highest perplexity at the training length (4.8594, against 4.4627 for RoPE and "
             "4.4414 / 4.5302 for 0.75- / 0.25-RoPE)", status or UNTESTABLE_SCALE,
-            text + ("" if status else f"; {undecided([d for d, _ in evidence])}") + "."))
+            text + ("" if status else f"; {undecided([d for d, _ in evidence])}") + ".",
+            fixed(["NoPE", *nope_refs], "NoPE against rotations that turn (RoPE's fastest frequency 1 rad per "
+                  "position)", True)))
     tapa = [label for label in ("TAPA quadratic", "TAPA linear") if label in rows]
     if REFERENCE in rows and tapa:
         main = tapa[0]
         d = summary.diff(main, REFERENCE, L)
         worse = d.detected and d.estimate > 0  # the paper: within a few hundredths of RoPE, i.e. no worse
-        out.append(Claim(
+        regime, reached = tapa_regime(
+            tapa_init_phase(model.hidden_size, model.initializer_range),
+            config.train.steps * config.train.batch_size * L,
+            llama_parameters(model.hidden_size, model.intermediate_size, model.num_layers, VOCAB_SIZE))
+        out.append(Claim.judged(
             "TAPA", "TAPA matches RoPE's perplexity inside the training length (within a few hundredths at 1k-16k)",
             REFUTED if worse else UNTESTABLE_SCALE,
             ("for this regime (2-layer byte model trained with RoPE's optimisation; the TAPA sweep varies TAPA's "
              "settings), not the paper's 7B model: " if worse else "")
             + diff(f"{main} - RoPE at L", main, REFERENCE, L, "higher loss than RoPE", "lower loss than RoPE")
-            + ("" if worse else ", and no difference detected is not a match") + "."))
+            + ("" if worse else ", and no difference detected is not a match") + ".",
+            fixed([REFERENCE, main], regime, reached)))
         floor = floors["bigram"]
         below = {label: summary.diff(label, floor, L) for label in tapa}
         below = {label: d for label, d in below.items() if d.detected and d.estimate < 0}
@@ -259,7 +283,7 @@ def render_from_scratch(payload: dict[str, Any], config: LengthGeneralisationCon
     ``notes``, verdict, diagnostics, wall time, plot, then the paper claims (and ``claim_notes``)."""
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     command, seeds = payload["command"], config.seed_list
-    claims = [Claim(**c) for c in payload.get("claims") or []]
+    claims = [Claim.from_dict(c) for c in payload.get("claims") or []]
     md = [
         f"# {title}",
         "",

@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from .claims import (
-    CONFIRMED, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, angle, changed_frequencies, han_ji_claim, turns,
+    CONFIRMED, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, angle, changed_frequencies, fixed_rates, han_ji_claim,
+    turns,
     unless_context_is_used,
 )
 from .config import GEMMA_THETA_PER_LENGTH, PropeGemmaRatioConfig
@@ -149,20 +150,25 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: PropeGemmaR
     def item(a: str, b: str) -> tuple[str, Difference, str, str]:
         return (f"{a} - {b} at L", diff(a, b), f"higher loss than {b}", f"lower loss than {b}")
 
+    rates = {label: (config.train.learning_rate, config.train.steps) for label in rows}
+    reach_text = (f"the frequencies the arms stop turn up to "
+                  f"{angle(max(turns(config.schemes[P25], config.model.head_dim, config.model.rope_theta, L)))} "
+                  f"rad over L at Gemma's θ / L" if P25 in config.schemes else "Gemma's θ / L")
+    tuning = fixed_rates(rates, reach_text, True)  # the angles reach the paper's (the module docstring)
     others = [r for r in (REFERENCE, P75, P25) if r in rows]
     if NOPE in rows and others:
         evidence = [(diff(NOPE, r), +1) for r in others]
         status = judge(evidence)
-        out.append(Claim(
+        out.append(Claim.judged(
             "p-RoPE", "NoPE has the highest perplexity at the training length (4.8594, against 4.4627 for RoPE and "
             "4.4414 / 4.5302 for 0.75- / 0.25-RoPE)", status or UNTESTABLE_SCALE,
             tests.line([item(NOPE, r) for r in others])
-            + ("" if status else f"; {undecided([d for d, _ in evidence])}") + "."))
+            + ("" if status else f"; {undecided([d for d, _ in evidence])}") + ".", tuning))
     if P25 in rows and P75 in rows:
         pairs = [(P25, P75)] + ([(P25, REFERENCE)] if REFERENCE in rows else [])
         evidence = [(diff(a, b), +1) for a, b in pairs]
         status = judge(evidence)
-        out.append(Claim(
+        out.append(Claim.judged(
             "p-RoPE", "0.25-RoPE has a higher perplexity than 0.75-RoPE (4.5302 vs 4.4414) and RoPE (4.4627) at the "
             "training length", status or UNTESTABLE_SCALE,
             f"the {len(changed_frequencies(config.schemes[P25], config.model.head_dim))} frequencies it stops turn "
@@ -171,7 +177,7 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: PropeGemmaR
             + ("" if status else f"; {undecided([d for d, _ in evidence])} (the paper's 0.25-RoPE - RoPE is "
                f"{paper_relative(P25):+.2%} of its loss, "
                f"{paper_relative(P25) * rows[REFERENCE][L][0]:+.3f} nats/byte at RoPE's loss here)"
-               if REFERENCE in rows else "") + "."))
+               if REFERENCE in rows else "") + ".", tuning))
     if P75 in rows and REFERENCE in rows:
         d = diff(P75, REFERENCE)
         text = tests.line([item(P75, REFERENCE)])
@@ -189,9 +195,9 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: PropeGemmaR
             status, reason = UNTESTABLE_SCALE, (
                 f"the interval reaches above +{margin:.4f} nats/byte (the paper's effect size, "
                 f"{abs(paper_relative(P75)):.2%} of the loss) without excluding 0; {text}")
-        out.append(Claim(
+        out.append(Claim.judged(
             "p-RoPE", "0.75-RoPE is no worse than RoPE at the training length (Wiki 4.4414 vs 4.4627; FlanV2 6.4422 "
-            "vs 6.4429)", status, reason + "."))
+            "vs 6.4429)", status, reason + ".", tuning))
         if d.detected and d.high < 0:
             status, reason = CONFIRMED, text
         elif worse:
@@ -205,9 +211,9 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: PropeGemmaR
                     f"the smallest difference this design detects with {POWER:.0%} power is {s['detectable']:.4f} "
                     f"nats/byte, against the paper's relative effect of {s['effect']:+.4f} here")
             status, reason = UNTESTABLE_SCALE, f"{text}; {size}"
-        out.append(Claim(
+        out.append(Claim.judged(
             "p-RoPE", "0.75-RoPE has a lower perplexity than RoPE at the training length (Wiki 4.4414 vs 4.4627, "
-            "-0.5 %; it 'even seems to improve')", status, reason + "."))
+            "-0.5 %; it 'even seems to improve')", status, reason + ".", tuning))
     if REFERENCE in rows:
         out = unless_context_is_used(out, summary.diff(REFERENCE, floors["bigram"], L),
                                      "the order of positional encodings")

@@ -16,7 +16,7 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from .claims import REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim
+from .claims import REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim, tapa_arms_tuning
 from .config import TAPA_DEPTH_ARM, TapaDepthConfig
 from .corpus import Corpus
 from .length_generalisation import render_from_scratch, run_from_scratch
@@ -158,9 +158,10 @@ def paper_claims(summary: Summary, config: TapaDepthConfig, why: dict[str, Any],
             "paper's 7B model trained on 420B tokens: at every depth TAPA has a higher loss than RoPE at both learning "
             "rates: " if status == REFUTED else
             "at some depth TAPA is not detectably worse than a RoPE arm, which is not a match: ")
-    out.append(Claim(
+    out.append(Claim.judged(
         "TAPA", "TAPA trains to RoPE's perplexity inside the training length (within a few hundredths at 1k-8k; "
-        "TAPA at 1/5 of RoPE's learning rate)", status, lead + tests.line(items) + "."))
+        "TAPA at 1/5 of RoPE's learning rate)", status, lead + tests.line(items) + ".",
+        tapa_arms_tuning(config.arms(), config.base.context_length)))
     if k > 1:
         growth = []
         for depth in config.depths:

@@ -28,7 +28,9 @@ from pathlib import Path
 from typing import Any
 
 from hf_posenc.schemes.spec import parse_scheme_spec
-from .claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim, unless_context_is_used
+from .claims import (
+    CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim, tapa_arms_tuning, unless_context_is_used,
+)
 from .config import ModelSettings, TapaScaleConfig
 from .corpus import Corpus, austen_corpus
 from .length_generalisation import arm_cells, prepare, render_from_scratch, run_from_scratch, undecided
@@ -319,8 +321,9 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: TapaScaleCo
     else:
         status, reason = UNTESTABLE_SCALE, (f"{text}; no difference detected is not a match: "
                                             f"{undecided(list(found.values()))}")
-    out.append(Claim("TAPA", "TAPA trains to RoPE's perplexity inside the training length (within a few hundredths "
-                     "at 1k-8k; TAPA at 1/5 of RoPE's learning rate)", status, reason + "."))
+    tuning = tapa_arms_tuning(config.arms(), L)
+    out.append(Claim.judged("TAPA", "TAPA trains to RoPE's perplexity inside the training length (within a few "
+                            "hundredths at 1k-8k; TAPA at 1/5 of RoPE's learning rate)", status, reason + ".", tuning))
     rope = summary.diff(REFERENCE, REFERENCE, two, other_length=L)
     k = two // L
     growth = [(f"RoPE growth L -> {k}L", rope, "grows", "shrinks")]
@@ -336,9 +339,9 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: TapaScaleCo
         status = CONFIRMED if all(less) else REFUTED if any(more) else UNTESTABLE_SCALE
         reason = (f"RoPE's perplexity grows x{math.exp(rope.estimate):.1f} from L to {k}L here: "
                   + tests.line(growth + evidence))
-    out.append(Claim("TAPA", "without long-context fine-tuning TAPA degrades beyond the training length, but far "
-                     "less than RoPE (perplexity 17.96 vs about 5.9e3 at 2x the training length)", status,
-                     reason + "."))
+    out.append(Claim.judged("TAPA", "without long-context fine-tuning TAPA degrades beyond the training length, but "
+                            "far less than RoPE (perplexity 17.96 vs about 5.9e3 at 2x the training length)", status,
+                            reason + ".", tuning))
     out = unless_context_is_used(out, summary.diff(REFERENCE, floors["bigram"], L), "no positional encoding")
     if why:
         out.append(han_ji_claim(why, f"byte models of {millions(parameter_count(config.base.model))} parameters"))

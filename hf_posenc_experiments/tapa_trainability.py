@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .claims import REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim
+from .claims import REFUTED, UNTESTABLE_SCALE, Claim, han_ji_claim, tapa_arms_tuning
 from .config import TapaTrainabilityConfig
 from .corpus import Corpus
 from .length_generalisation import render_from_scratch, run_from_scratch
@@ -173,9 +173,10 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: TapaTrainab
         else:
             why_not = ("some TAPA setting is not detectably worse than RoPE at L, which is not a match; the lowest "
                        "mean: ")
-        out.append(Claim(
+        out.append(Claim.judged(
             "TAPA", "TAPA trains to RoPE's perplexity inside the training length (within a few hundredths at 1k-16k; "
-            "TAPA at 1/5 of RoPE's learning rate, 5k warm-up)", status, why_not + tests.line(evidence) + "."))
+            "TAPA at 1/5 of RoPE's learning rate, 5k warm-up)", status, why_not + tests.line(evidence) + ".",
+            tapa_arms_tuning(config.arms(), config.base.context_length)))
         uses_context = [label for label in verdicts if summary.diff(label, bigram, L).high < 0]
         items = [(f"RoPE growth L -> {k}L", summary.diff(REFERENCE, REFERENCE, longest, other_length=L), "grows",
                   "shrinks")]

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from .claims import CONFIRMED, REFUTED, UNTESTABLE_HERE, UNTESTABLE_SCALE, Claim, claims_section
+from .claims import CONFIRMED, REFUTED, UNTESTABLE_HERE, UNTESTABLE_SCALE, Claim, claims_section, fixed_rates
 from .config import TapeArithmeticConfig
 from .report import Tests, analysis, fmt, make_payload, publish
 from .runner import Cell, Summary, slug
@@ -627,6 +627,8 @@ def paper_claims(runs: Sequence[dict[str, Any]], config: TapeArithmeticConfig, t
     regime = (f"for this regime (d = {m.hidden_size}, {m.num_layers} layers, {steps:,} steps of "
               f"{config.train.batch_size} problems; the paper: d = 1024, 16 layers, 20k steps of 512)")
     out: list[Claim] = []
+    tuning = fixed_rates({arm: (config.train.learning_rate, steps) for arm in (REFERENCE, TAPE)},
+                         regime.removeprefix("for this regime (").removesuffix(")"), False)
     found = differences(runs)
     values = {k: region_values(runs, k) for k in REGIONS}
     setting = (T, D) == (20, 40)
@@ -641,9 +643,10 @@ def paper_claims(runs: Sequence[dict[str, Any]], config: TapeArithmeticConfig, t
                ("neither arm solves a single held-out problem: " if not learned else
                 f"{regime}: " if status in (CONFIRMED, REFUTED) else
                 "no difference of a point or more detected: " if d.finite else "one run per arm, no interval: ")
-        out.append(Claim("TAPE", "trained on addition up to 20 digits and tested up to 40, TAPE's average "
-                         "exact-match accuracy over the 40 x 40 operand-length heatmap is the highest: 41.42 % "
-                         "against RoPE's 26.12 % (appendix C, Fig. 5)", status, lead + why + "."))
+        out.append(Claim.judged("TAPE", "trained on addition up to 20 digits and tested up to 40, TAPE's average "
+                                "exact-match accuracy over the 40 x 40 operand-length heatmap is the highest: "
+                                "41.42 % against RoPE's 26.12 % (appendix C, Fig. 5)", status, lead + why + ".",
+                                tuning))
     if "beyond" in found:
         d = found["beyond"]
         solved = any(v > 0 for arm in values["beyond"].values() for v in arm.values())
@@ -655,8 +658,9 @@ def paper_claims(runs: Sequence[dict[str, Any]], config: TapeArithmeticConfig, t
         lead = (f"no model here solves a single problem whose longer operand has more than {T} digits, so there "
                 "is no generalisation to compare: " if not solved else f"{regime}: " if status != UNTESTABLE_SCALE
                 else "")
-        out.append(Claim("TAPE", "TAPE's gain is generalisation to operands longer than the training ones "
-                         "('superior generalization to longer sequences', §4.1)", status, lead + why + "."))
+        out.append(Claim.judged("TAPE", "TAPE's gain is generalisation to operands longer than the training ones "
+                                "('superior generalization to longer sequences', §4.1)", status, lead + why + ".",
+                                tuning))
     out.append(Claim("TAPE", "trained up to 40 digits and tested up to 80, TAPE's heatmap average is 32.82 % "
                      "against RoPE's 26.32 % (§4.1, Fig. 2)", UNTESTABLE_HERE,
                      f"this experiment trains to {T} digits and tests to {D}"
@@ -722,7 +726,7 @@ def render(payload: dict[str, Any], config: TapeArithmeticConfig) -> str:
     m, t = config.model, config.train
     runs = payload["runs"]
     devices = sorted({f"{r['device']} ({r['precision']})" for r in runs})
-    claims = [Claim(**c) for c in payload.get("claims") or []]
+    claims = [Claim.from_dict(c) for c in payload.get("claims") or []]
     md = [
         f"# TAPE on reversed-digit addition ({config.size})",
         "",

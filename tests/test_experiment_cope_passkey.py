@@ -11,7 +11,7 @@ import re
 import pytest
 
 from hf_posenc_experiments import cope_passkey
-from hf_posenc_experiments.claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE
+from hf_posenc_experiments.claims import CONFIRMED, UNFAIR, UNTESTABLE_SCALE
 from hf_posenc_experiments.config import COPE_PAPER_LENGTH, COPE_PAPER_THETA, CopePasskeyConfig
 from experiment_cli import austen, run_cli  # noqa: F401 (austen: a fixture)
 
@@ -193,20 +193,24 @@ def test_claim_lines_on_planted_results(monkeypatch, reachable):
         return [c["status"] for c in analysed["claims"]], analysed["claims"]
 
     out_of_reach = [UNTESTABLE_SCALE, UNTESTABLE_SCALE]
-    # CoPE worse than RoPE beyond 4L (higher loss at 8L and 16L): refuted when the angles put it within reach
+    # CoPE worse than RoPE beyond 4L (higher loss at 8L and 16L): a negative reading when the angles put it within
+    # reach, which is not a fair test (every arm at one fixed rate, no grid): never "refuted"
     found, claims = statuses(cope=0.1)
-    assert found == ([REFUTED, UNTESTABLE_SCALE] if reachable else out_of_reach)
+    assert found == ([UNFAIR, UNTESTABLE_SCALE] if reachable else out_of_reach)
+    if reachable:
+        assert "missing a per-arm learning-rate grid at the final budget" in claims[0]["reason"]
+        assert claims[0]["tuning"]["regime_reached"] and not claims[0]["tuning"]["fair"]
     assert "CoPE - RoPE loss at 16L +0.1" in claims[0]["reason"]
     if not reachable:
         assert "(10% of it; within reach from 50%)" in claims[0]["reason"]
     # CoPE better (lower loss beyond 4L): confirmed; also by retrieval alone (higher digit accuracy at 8L and 16L)
     assert statuses(cope=-0.1)[0] == ([CONFIRMED, UNTESTABLE_SCALE] if reachable else out_of_reach)
     assert statuses(cope_digits=0.2)[0] == ([CONFIRMED, UNTESTABLE_SCALE] if reachable else out_of_reach)
-    # better loss but worse retrieval: refuted (any detected difference against the claim)
-    assert statuses(cope=-0.1, cope_digits=-0.2)[0][0] == (REFUTED if reachable else UNTESTABLE_SCALE)
-    # HardClip worse than RoPE inside 4L: confirmed; better: refuted; nothing detected: the test cannot tell
+    # better loss but worse retrieval: negative (any detected difference against the claim), not a fair test
+    assert statuses(cope=-0.1, cope_digits=-0.2)[0][0] == (UNFAIR if reachable else UNTESTABLE_SCALE)
+    # HardClip worse than RoPE inside 4L: confirmed; better: negative, not a fair test; nothing detected: cannot tell
     assert statuses(hardclip=0.1)[0] == ([UNTESTABLE_SCALE, CONFIRMED] if reachable else out_of_reach)
-    assert statuses(hardclip=-0.1)[0] == ([UNTESTABLE_SCALE, REFUTED] if reachable else out_of_reach)
+    assert statuses(hardclip=-0.1)[0] == ([UNTESTABLE_SCALE, UNFAIR] if reachable else out_of_reach)
     found, claims = statuses()
     assert found == out_of_reach
     assert ("the test cannot tell" in claims[1]["reason"]) == reachable

@@ -635,7 +635,7 @@ def test_rotation_angles_behind_cannot_be_tested():
 COMMITTED = ("length-generalisation", "length-generalisation/reproduction", "tapa-trainability", "context-extension",
              "prope-gemma-ratio", "tapa-depth", "tape-peft", "cope-passkey")
 # claim lines a report must end with (the claims each experiment speaks to; 4 where not named)
-CLAIM_LINES = {"tapa-depth": 3, "tape-peft": 1, "cope-passkey": 2}  # depth: two TAPA claims + Han & Ji
+CLAIM_LINES = {"tapa-depth": 3, "tape-peft": 2, "cope-passkey": 2}  # depth: two TAPA claims + Han & Ji
 
 
 @pytest.mark.parametrize("folder", COMMITTED)
@@ -707,6 +707,7 @@ def test_a_missing_text_is_installed_on_first_use_in_a_source_checkout(tmp_path,
     checkout, here a stand-in that unpacks a placeholder); a failing install names the script and apt-get."""
     from hf_posenc_experiments import corpus
 
+    assert corpus.INSTALL_SCRIPT == ROOT / "scripts" / "data" / "install_austen.sh" and corpus.INSTALL_SCRIPT.is_file()
     monkeypatch.setenv("HF_POSENC_DATA", str(tmp_path / "data"))
     monkeypatch.setattr(corpus, "_RDATA", Path("pkg/Rdata"))
     script = tmp_path / "install.sh"

@@ -10,6 +10,7 @@ Each analysis returns a result dataclass (``to_dict``/``to_json``/``save_json``)
 * :func:`semantic_decay` — 2σ²Σcos(Δt·θ_i) and its empirical gap, CoPE Theorem 3.2 eq. 6; with
   :func:`clipping_comparison`, RoPE vs HardClip vs CoPE on the same frequencies (the ringing of Thm 4.1, Fig. 4).
 * :func:`perturbation_tolerance` — perplexity under token transposition / position offsets, position-generalization §4.1.
+* :func:`phase_regime` — TAPA's phase at distance 1 (eq. 12) per layer and head: its cold or hot regime.
 """
 
 from .capture import QKVCapture, capture_window, layer_frequencies
@@ -20,6 +21,7 @@ from .disentanglement import (
 from .distance_bias import DistanceBiasResult, distance_bias, plot_distance_bias, scaled_ranges
 from .frequency_usage import FrequencyUsageResult, frequency_usage, plot_frequency_usage
 from .perturbation import PerturbationResult, perplexity, perturbation_tolerance, plot_perturbation
+from .phase_regime import PhaseRegimeResult, phase_regime, plot_phase_regime
 from .positional_heads import PositionalHead, PositionalHeadsResult, plot_positional_heads, positional_heads, score_attention_maps
 from .semantic_decay import (
     ClippingComparison, SemanticDecayResult, clipped_frequency_sets, clipping_comparison, closed_form_gap,
@@ -39,4 +41,5 @@ __all__ = [
     "clipping_comparison", "ClippingComparison",
     "summary_lines", "write_summary",
     "PerturbationResult", "perturbation_tolerance", "perplexity", "plot_perturbation",
+    "PhaseRegimeResult", "phase_regime", "plot_phase_regime",
 ]

@@ -20,7 +20,7 @@ from .summary import write_summary
 def _run_model(model: Any, ids: Any, name: str, args: argparse.Namespace) -> dict[str, Any]:
     from . import (
         disentanglement, distance_bias, frequency_usage, model_frequency_sets, perturbation_tolerance,
-        positional_heads, semantic_decay,
+        phase_regime, positional_heads, semantic_decay,
     )
 
     progress = not args.no_progress
@@ -46,6 +46,7 @@ def _run_model(model: Any, ids: Any, name: str, args: argparse.Namespace) -> dic
             model, ids, fractions=args.fractions, max_distances=args.max_distances, trials=args.trials,
             score=args.score, window=args.window, seed=args.seed, name=name, progress=progress,
         ),
+        "phase_regime": lambda: phase_regime(model, ids, window=args.window, progress=progress, **common),
     }
     out: dict[str, Any] = {}
     for analysis in args.analyses:

@@ -73,6 +73,12 @@ def _perturbation(res: Any) -> str:
     return text
 
 
+def _phase_regime(res: Any) -> str:
+    from .phase_regime import describe
+
+    return describe(res)
+
+
 # analysis -> (what the number is, the per-model finding)
 HEADLINES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "frequency_usage": ("mean query chunk norm per frequency band, highest → lowest", _frequency_usage),
@@ -82,6 +88,8 @@ HEADLINES: dict[str, tuple[str, Callable[[Any], str]]] = {
     "semantic_decay": ("normalised similar − random key gap (1 at Δt = 0), smoothed, at the largest Δt",
                        _semantic_decay),
     "perturbation": ("perplexity", _perturbation),
+    "phase_regime": ("TAPA's median |phase at distance 1| (eq. 12), radians: near 0 the cosine is flat (cold); a "
+                     "few radians tell neighbours apart", _phase_regime),
 }
 
 

@@ -157,6 +157,25 @@ class SchemeConfig:
     def uninstall(self, model: Any) -> None:
         """Remove what :meth:`install` added (called when ``replace=True`` switches to another scheme)."""
 
+    # -- initialisation of a model trained from scratch (TAPA's phase regime); none by default ----------------
+    scratch_init_options: ClassVar[tuple[str, ...]] = ()
+
+    def check_scratch_init(self, options: dict[str, Any]) -> None:
+        """Refuse ``options`` of :meth:`initialise_from_scratch` this scheme does not take (a ``ValueError`` naming
+        the valid ones), before any model is built."""
+        unknown = sorted(set(options) - set(self.scratch_init_options))
+        if unknown:
+            valid = (f"valid: {list(self.scratch_init_options)}" if self.scratch_init_options else
+                     "it has no from-scratch initialisation; remove scheme.init")
+            raise ValueError(f"{self.name}: unknown from-scratch init option(s) {unknown} ({valid}).")
+
+    def initialise_from_scratch(self, model: Any, **options: Any) -> dict[str, Any]:
+        """Change the random initial weights of a patched model that will be trained from scratch as the scheme
+        needs (``options``: :attr:`scratch_init_options`); returns a JSON-ready record of what changed. Never called
+        on a pretrained model (its weights are what it learned)."""
+        self.check_scratch_init(options)
+        return {}
+
     # -- serialisation --------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -99,18 +99,25 @@ class SchemeSection:
 
     ``replace: true`` continues a checkpoint that already carries another scheme with this one (applied to the
     checkpoint's original frequencies, as ``patch_model(..., replace=True)``); without it such a recipe is refused.
-    ``compose: true`` patches a stock export of hf-posenc on purpose (``patch_model(..., compose=True)``)."""
+    ``compose: true`` patches a stock export of hf-posenc on purpose (``patch_model(..., compose=True)``).
+    ``init`` (a model trained from scratch only): the scheme's own initialisation of the random weights, such as
+    TAPA's start in the paper's phase regime, ``init: {phase_at_distance_1: 7.0}`` (the median phase at distance 1
+    at init, radians; :meth:`hf_posenc.schemes.base.SchemeConfig.initialise_from_scratch`); the run writes what it
+    changed to ``scheme_init.json``."""
 
     name: str = "rope"
     options: dict[str, Any] = field(default_factory=dict)
     replace: bool = False
     compose: bool = False
+    init: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         from ..schemes import make_scheme
 
+        if not isinstance(self.init, dict):
+            raise RecipeError(f"scheme.init must be a mapping of the scheme's init options, got {self.init!r}.")
         try:
-            make_scheme(self.name, **self.options)
+            make_scheme(self.name, **self.options).check_scratch_init(self.init)
         except (TypeError, ValueError) as exc:
             raise RecipeError(f"scheme: {exc}") from exc
 
@@ -355,6 +362,10 @@ class Recipe:
             raise RecipeError("peft.target_modules: LoRA on lm_head needs loss.implementation=full (the chunked and "
                               "fused losses read the head weight directly); train it in full with "
                               "peft.trainable_embeddings or peft.modules_to_save instead.")
+        if self.scheme.init and self.model.config is None:
+            raise RecipeError(f"scheme.init {self.scheme.init} initialises a model trained from scratch (model.config); "
+                              f"model.path {self.model.path} is pretrained, and its weights are what it learned: remove "
+                              "scheme.init.")
         scheme = self.scheme_config()
         if self.liger.rope and uses_custom_attention(scheme):
             raise RecipeError(
@@ -367,7 +378,8 @@ class Recipe:
         """The recipe as YAML-ready data (what a run writes to ``recipe.yaml``; :func:`load_recipe` reads it)."""
         out = dataclasses.asdict(self)
         out["scheme"] = {"name": self.scheme.name, **self.scheme.options,
-                         **{k: True for k in ("replace", "compose") if getattr(self.scheme, k)}}
+                         **{k: True for k in ("replace", "compose") if getattr(self.scheme, k)},
+                         **({"init": dict(self.scheme.init)} if self.scheme.init else {})}
         out["training"] = {k: [getattr(v, "value", v) for v in value] if isinstance(value, list) else value
                            for k, value in out["training"].items()}  # a debug list holds DebugOption enums
         return out
@@ -464,8 +476,8 @@ def _scheme_values(scheme: Any) -> Any:
     scheme = {"name": scheme} if isinstance(scheme, str) else scheme
     if not isinstance(scheme, dict):
         return scheme
-    options = {k: v for k, v in scheme.items() if k not in ("name", "replace", "compose", "options")}
-    return {**{k: scheme[k] for k in ("name", "replace", "compose") if k in scheme},
+    options = {k: v for k, v in scheme.items() if k not in ("name", "replace", "compose", "init", "options")}
+    return {**{k: scheme[k] for k in ("name", "replace", "compose", "init") if k in scheme},
             "options": {**(scheme.get("options") or {}), **options}}
 
 

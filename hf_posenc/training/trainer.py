@@ -38,6 +38,7 @@ from ..decoder_layers import output_logit_transform
 from .loss import chunked_linear_cross_entropy, liger_linear_cross_entropy, shift_for_causal_lm
 
 LOG_FILE = "log.jsonl"
+SCHEME_INIT_FILE = "scheme_init.json"  # what the scheme's from-scratch initialisation changed (recipe scheme.init)
 
 
 # -- sources ----------------------------------------------------------------------------------------------------
@@ -516,6 +517,12 @@ def _patched_model(recipe: Recipe, scheme: Any) -> tuple[torch.nn.Module, torch.
     model = load_base_model(recipe)
     family = model.config.model_type
     patch_model(model, scheme, replace=recipe.scheme.replace, compose=recipe.scheme.compose)
+    if recipe.scheme.init:  # from scratch only (the recipe refuses it with model.path)
+        record = scheme.initialise_from_scratch(model, **recipe.scheme.init)
+        out = Path(recipe.output.dir)
+        out.mkdir(parents=True, exist_ok=True)
+        if int(os.environ.get("RANK", "0")) == 0:
+            (out / SCHEME_INIT_FILE).write_text(json.dumps(record, indent=2))
     apply_liger(recipe, model, family)
     causal_lm = model
     if recipe.peft.enabled:
@@ -621,7 +628,10 @@ def _reload_saved(recipe: Recipe, model_dir: Path) -> Any:
     if not recipe.peft.enabled:
         return load_model(model_dir)
     base = load_base_model(recipe)
-    patch_model(base, recipe.scheme_config(), replace=recipe.scheme.replace, compose=recipe.scheme.compose)
+    scheme = recipe.scheme_config()
+    patch_model(base, scheme, replace=recipe.scheme.replace, compose=recipe.scheme.compose)
+    if recipe.scheme.init:  # an adapter over a from-scratch base: the base as it was initialised for training
+        scheme.initialise_from_scratch(base, **recipe.scheme.init)
     return PeftModel.from_pretrained(base, model_dir)
 
 

@@ -81,6 +81,34 @@ class TAPAConfig(SchemeConfig):
 
         tapa_split(head_dim, self.theta)
 
+    # a start in the paper's phase regime for a model trained from scratch (the recipe's ``scheme.init``)
+    scratch_init_options: ClassVar[tuple[str, ...]] = ("phase_at_distance_1",)
+
+    def check_scratch_init(self, options: dict[str, Any]) -> None:
+        super().check_scratch_init(options)
+        target = options.get("phase_at_distance_1")
+        if "phase_at_distance_1" in options and not (
+                isinstance(target, (int, float)) and not isinstance(target, bool) and math.isfinite(target)
+                and target > 0):
+            raise ValueError(f"tapa: scheme.init phase_at_distance_1 must be a number of radians > 0 (the median "
+                             f"phase at distance 1 at init; a few radians is the paper's regime), got {target!r}.")
+
+    def initialise_from_scratch(self, model: Any, **options: Any) -> dict[str, Any]:
+        """``phase_at_distance_1=R``: fold a scale into the phase half of every layer's query and key projections
+        so that the median phase at distance 1 at init (eq. 12 at |m − n| = 1, unit-variance inputs) is R radians
+        (:func:`.phase.start_phase_regime`); returns ``{"phase_at_distance_1": {"target", "before", "after"}}``."""
+        from ...kernels.tapa.args import tapa_split
+        from .phase import start_phase_regime
+
+        self.check_scratch_init(options)
+        if "phase_at_distance_1" not in options:
+            return {}
+        text = model.config.get_text_config()
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        amp_dims, _ = tapa_split(head_dim, self.theta)
+        return {"phase_at_distance_1": start_phase_regime(model, options["phase_at_distance_1"], amp_dims,
+                                                          self.phase)}
+
     def rope_parameters(self, model_params: dict[str, Any], head_dim: int, max_position_embeddings: int) -> dict:
         """No rotation. ``head_dim``: the rotated dimensions; a partial-rotary model keeps its rotated width (zero
         frequencies on its rotated pairs), since ``proportional`` would widen the rotation to the whole head."""
