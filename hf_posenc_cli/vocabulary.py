@@ -24,7 +24,7 @@ RULER_SAMPLES = 50  # samples per length of each RULER task (lm-eval builds 500;
 WEIGHT_DTYPES = ("auto", "float32", "bfloat16", "float16")
 # experiment name -> its module in hf_posenc_experiments and its config in hf_posenc_experiments.cli.CONFIGS
 EXPERIMENTS = ("length_generalisation", "tapa_trainability", "context_extension", "prope_gemma_ratio", "tapa_depth",
-               "tapa_scale", "tape_arithmetic", "cope_passkey", "tape_peft")
+               "tapa_scale", "tape_arithmetic", "cope_passkey", "tape_peft", "tapa_curves")
 EXPERIMENT_SIZES = ("toy", "small", "gpu")  # gpu: only the experiments made for a GPU
 SELFTEST_SIZES = ("realistic", "small", "tiny")
 SELFTEST_DTYPES = ("bf16", "fp16", "fp32")

@@ -8,6 +8,9 @@ real held-out text, several seeds, in minutes on 2 CPU cores.
 * :mod:`.prope_gemma_ratio`: RoPE, p-RoPE 0.75 / 0.25 and NoPE at Gemma's θ / L, scored at L (the p-RoPE paper's
   claim), with what the design can detect;
 * :mod:`.tapa_depth`: the TAPA sweep's best setting against RoPE and NoPE at 2 and 4 layers: does the gap shrink?
+* :mod:`.tapa_curves`: RoPE (two rates), NoPE, TAPA and TAPA started in the paper's phase regime (the hot start),
+  held-out loss at 1k, 2k and 4k steps with the phase at distance 1, and a per-method rate grid chosen on a
+  validation text: was TAPA's gap the setup or the method?
 * :mod:`.tapa_scale`: RoPE and TAPA (the paper's setting and the sweep's θ) at 15M parameters, 8 layers, L = 256, on
   one GPU (``--size gpu``, the Triton kernel): does the gap hold at a size where TAPA might train?
 * :mod:`.tape_arithmetic`: RoPE and TAPE on reversed-digit addition, trained to 20 digits and tested to 40 (the TAPE

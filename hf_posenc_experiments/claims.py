@@ -185,9 +185,11 @@ def fixed_rates(arms: dict[str, tuple[float, int]], regime: str, regime_reached:
 # TAPA's regime (shared/notes/evidence-facts.md): with weights at normal(0, σ) and width d, the phase at distance 1
 # (eq. 12 at |m − n| = 1) has a standard deviation of about 2π·d·σ² and a median magnitude 0.6745 times that. The
 # paper states no init: at LLaMA-3 7B's width (d = 4096) with σ = 0.02 the median is about 6.9 rad. Its budget:
-# 420B tokens for a 7B model, 60 tokens per parameter. A design reaches either axis at half the paper's value or
+# 420B tokens for a 7B model, 60 tokens per parameter (of about 4 bytes each). A design reaches either axis at half the paper's value or
 # more (the rule :mod:`.cope_passkey` applies to rotation angles).
 TAPA_PAPER_WIDTH, TAPA_PAPER_INIT, TAPA_PAPER_TOKENS_PER_PARAMETER = 4096, 0.02, 420e9 / 7e9
+# bytes of English per token of the paper's LLaMA-3 tokenizer (an estimate, about 4): the miniatures count bytes
+TAPA_PAPER_BYTES_PER_TOKEN = 4.0
 
 
 def tapa_init_phase(hidden_size: int, initializer_range: float) -> float:
@@ -205,16 +207,18 @@ def llama_parameters(hidden_size: int, intermediate_size: int, num_layers: int, 
     return vocab_size * hidden_size + num_layers * layer + hidden_size
 
 
-def tapa_regime(phase_at_init: float, tokens: int, parameters: int) -> tuple[str, bool]:
+def tapa_regime(phase_at_init: float, trained_bytes: int, parameters: int) -> tuple[str, bool]:
     """TAPA's regime axes in words, and whether both reach half the paper's: the median phase at distance 1 at
-    init (radians) and the training budget in tokens per parameter."""
-    per_parameter = tokens / parameters
+    init (radians) and the training budget in the paper's tokens per parameter, a byte model's ``trained_bytes``
+    counted as LLaMA-3 tokens of :data:`TAPA_PAPER_BYTES_PER_TOKEN` bytes each."""
+    per_parameter = trained_bytes / TAPA_PAPER_BYTES_PER_TOKEN / parameters
     reached = (phase_at_init >= TAPA_PAPER_PHASE / 2
                and per_parameter >= TAPA_PAPER_TOKENS_PER_PARAMETER / 2)
     text = (f"median phase at distance 1 at init {angle(phase_at_init)} rad here against about "
             f"{angle(TAPA_PAPER_PHASE)} rad at the paper's width (d = {TAPA_PAPER_WIDTH}, σ = {TAPA_PAPER_INIT} "
-            f"assumed: the paper states no init); budget {per_parameter:.1f} tokens per parameter ({tokens:,} tokens, "
-            f"{parameters:,} parameters) against the paper's {TAPA_PAPER_TOKENS_PER_PARAMETER:.0f}")
+            f"assumed: the paper states no init); budget {per_parameter:.1f} tokens per parameter in the paper's unit "
+            f"({trained_bytes:,} bytes, about {TAPA_PAPER_BYTES_PER_TOKEN:g} to a LLaMA-3 token, {parameters:,} "
+            f"parameters) against the paper's {TAPA_PAPER_TOKENS_PER_PARAMETER:.0f} (420B tokens)")
     return text, reached
 
 

@@ -9,6 +9,7 @@ number of seeds.
 from __future__ import annotations
 
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -1169,8 +1170,187 @@ class TapePeftConfig(ExtensionSettings):
                    position_interpolation=pi, seeds=seeds, first_seed=first_seed)
 
 
+# -- tapa_curves (issue #47 §1) -------------------------------------------------------------------------------
+# The hot start's target, the median |phase at distance 1| at init (TAPA eq. 12 at |m − n| = 1, radians): the
+# paper's regime as far as it can be inferred. The paper states no init; with normal(0, 0.02) weights at LLaMA-3
+# 7B's width (d = 4096) the median is 0.6745·2π·d·σ² ≈ 6.9 rad (:data:`.claims.TAPA_PAPER_PHASE`), against about
+# 0.11 rad at the 2-layer preset's d = 64; 7 rad, rounded. A position-only previous-token pattern needs about 9.7 rad
+# at α = 0.1 (shared/notes/evidence-facts.md).
+TAPA_CURVES_HOT_PHASE = 7.0
+TAPA_CURVES_NEEDED_PHASE = 9.7
+# each method's rates in the grid at the final budget: TAPA's paper-style lower rate and RoPE's rate of the sweep
+TAPA_CURVES_RATES = (1e-3, 3e-3)
+
+
+@dataclass(frozen=True)
+class CurveArm:
+    """One arm of :class:`TapaCurvesConfig`: a method trained at one learning rate.
+
+    Attributes:
+        method: the method the rate grid tunes (``"RoPE"``, ``"NoPE"``, ``"TAPA"``, ``"TAPA hot"``).
+        spec: scheme spec.
+        learning_rate: peak (and, after the warm-up, constant) learning rate.
+        phase_at_distance_1: TAPA's hot start, the median phase at distance 1 at init in radians (the recipe's
+            ``scheme.init``); ``None``: the model's own init.
+    """
+
+    method: str
+    spec: str
+    learning_rate: float
+    phase_at_distance_1: float | None = None
+
+    def __post_init__(self) -> None:
+        scheme = parse_scheme_spec(self.spec)
+        if not self.learning_rate > 0:
+            raise ValueError(f"CurveArm {self.method!r}: learning_rate must be > 0, got {self.learning_rate}")
+        if self.phase_at_distance_1 is not None and (scheme.name != "tapa" or not self.phase_at_distance_1 > 0):
+            raise ValueError(f"CurveArm {self.method!r}: a hot start (phase_at_distance_1 > 0) is TAPA's only")
+
+    @property
+    def scheme_init(self) -> dict[str, float] | None:
+        """The recipe's ``scheme.init`` (``None``: none)."""
+        return None if self.phase_at_distance_1 is None else {"phase_at_distance_1": self.phase_at_distance_1}
+
+
+def rate_name(rate: float) -> str:
+    """A learning rate as the labels write it: ``1e-3``, ``3e-3``, ``2.5e-4``."""
+    mantissa, exponent = f"{rate:e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def curve_label(method: str, rate: float) -> str:
+    """The report label of ``method`` at ``rate``: the plain name at RoPE's rate of the sweep (3e-3), else
+    ``"TAPA lr=1e-3"``."""
+    return method if rate == 3e-3 and method in ("RoPE", "NoPE") else f"{method} lr={rate_name(rate)}"
+
+
+TAPA_CURVES_ARMS: dict[str, CurveArm] = {
+    "RoPE": CurveArm("RoPE", "rope", 3e-3),
+    "NoPE": CurveArm("NoPE", "prope:p=0", 3e-3),
+    "RoPE lr=1e-3": CurveArm("RoPE", "rope", 1e-3),
+    "TAPA lr=1e-3": CurveArm("TAPA", "tapa", 1e-3),
+    "TAPA hot lr=1e-3": CurveArm("TAPA hot", "tapa", 1e-3, TAPA_CURVES_HOT_PHASE),
+}
+
+
+@dataclass(frozen=True)
+class TapaCurvesConfig:
+    """Was TAPA's committed gap to RoPE the setup or the method? (issue #47 §1) Learning curves with controls.
+
+    Arms on the 2-layer preset (``base``: d = 64, 2 layers, heads of 32, L = 64 bytes, batch 16), fixed before any
+    run: RoPE at 3e-3 (its rate in the sweep), NoPE (``prope:p=0``) at 3e-3, RoPE at 1e-3 (TAPA's rate), TAPA at
+    1e-3 with the paper's α = 0.1, θ = 0.5 (its lower rate for TAPA, here a third of RoPE's: the paper's fifth,
+    6e-4, is below the grid), and TAPA at 1e-3 with the hot start (the median phase at distance 1 at init set to
+    ``hot_phase`` = 7 rad, the paper's regime: :data:`TAPA_CURVES_HOT_PHASE`); ``seeds`` seeds (3). The rate is
+    constant after a 50-step linear warm-up (``constant_with_warmup``), so ONE run of ``steps`` = 4,000 per cell,
+    checkpointed, gives the held-out loss at L after 1k, 2k and 4k steps (``checkpoints``) as three runs of those
+    budgets would (a cosine schedule would not: its rate at 1k depends on the final budget); the TAPA phase
+    diagnostic (median phase at distance 1 on ``base.diagnostic_tokens`` held-out bytes) at each checkpoint.
+
+    The rate grid at the final budget: every method (RoPE, NoPE, TAPA, TAPA hot) at each of ``rates`` (1e-3 and
+    3e-3), seed ``first_seed`` only; the main arms' cells are reused where the rate coincides (so NoPE 1e-3, TAPA
+    3e-3 and TAPA-hot 3e-3 train extra); each method's rate is chosen on the VALIDATION text (the held-out novel's
+    last ``eval_tokens`` bytes, never scored), and the verdict compares each method at its own rate as well as the
+    fixed arms with every seed.
+
+    Reading rule, fixed before the runs: TAPA − RoPE shrinking with steps (its change from the first to the last
+    checkpoint, paired by seed, against RoPE at 3e-3 or at 1e-3), or TAPA pulling away from NoPE (TAPA − NoPE at
+    the last checkpoint detectably below 0), says the committed gap was the setup; TAPA staying at NoPE's level
+    (TAPA − NoPE not detected) with no shrink, i.e. a gap equal to NoPE − RoPE, says the method, in this regime.
+    Each TAPA arm (cold and hot) is read separately.
+
+    Time (measured on 2 cores with one torch thread per cell, two cells at once, ``--jobs 2``): see
+    :meth:`preset`.
+
+    Attributes:
+        base: the length-generalisation settings every arm starts from (scored at L only; its ``train`` is the
+            constant schedule with ``steps``).
+        checkpoints: the steps at which every run is scored (the last is ``base.train.steps``).
+        arms: report label -> arm.
+        rates: the rate grid at the final budget, per method.
+        hot_phase: the hot start's median phase at distance 1 at init (radians).
+        flat_ratio: the reference's held-out curve has flattened when its fall over the last interval between
+            checkpoints is at most this fraction of its fall over the first.
+    """
+
+    base: LengthGeneralisationConfig
+    checkpoints: tuple[int, ...]
+    arms: dict[str, CurveArm] = field(default_factory=lambda: dict(TAPA_CURVES_ARMS))
+    rates: tuple[float, ...] = TAPA_CURVES_RATES
+    hot_phase: float = TAPA_CURVES_HOT_PHASE
+    flat_ratio: float = 0.25
+
+    name = "tapa_curves"
+
+    def __post_init__(self) -> None:
+        steps = self.base.train.steps
+        if not self.checkpoints or list(self.checkpoints) != sorted(set(self.checkpoints)) or \
+                self.checkpoints[0] < 1 or self.checkpoints[-1] != steps:
+            raise ValueError(f"checkpoints must be increasing steps ending at the final step {steps}, got "
+                             f"{self.checkpoints}")
+        if len(self.rates) < 2:
+            raise ValueError("the rate grid needs at least two rates per method")
+        for needed in ("RoPE", "NoPE", "TAPA", "TAPA hot"):
+            if not any(arm.method == needed for arm in self.arms.values()):
+                raise ValueError(f"tapa_curves needs a {needed!r} arm")
+        for label, arm in self.arms.items():
+            if label != curve_label(arm.method, arm.learning_rate):
+                raise ValueError(f"arm {label!r} must be labelled {curve_label(arm.method, arm.learning_rate)!r}")
+
+    @classmethod
+    def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapaCurvesConfig:
+        """``toy``: seconds (CI; 4 steps, checkpoints 1, 2, 4); ``small``: the committed experiment (4,000 steps,
+        checkpoints 1k, 2k, 4k). Measured on 2 nearly idle cores, one torch thread per cell and two cells at once
+        (RoPE beside TAPA): 23-29 ms a step for RoPE and 26-37 ms for TAPA, plus about 8 s (RoPE) and 12 s (TAPA) a
+        cell for set-up and scoring three checkpoints (200 / 600 steps: 12.9 / 22.1 s RoPE, 17.2 / 27.6 s TAPA hot,
+        checkpoints and phase diagnostic included), so a 4,000-step cell takes 1.7-2.1 min (RoPE, NoPE) and 1.9-2.6
+        min (TAPA): the 15 main cells and 3 grid cells, two at a time, about 16-21 min with 3 seeds and --jobs 2
+        (32-42 min with --jobs 1)."""
+        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        steps, checkpoints = (4, (1, 2, 4)) if size == "toy" else (4000, (1000, 2000, 4000))
+        train = ConstantTrainSettings(steps=steps, batch_size=base.train.batch_size,
+                                      learning_rate=base.train.learning_rate, warmup_steps=base.train.warmup_steps,
+                                      weight_decay=base.train.weight_decay)
+        base = dataclasses.replace(base, eval_multiples=(1,), train=train,
+                                   diagnostic_tokens=256 if size == "toy" else base.diagnostic_tokens)
+        return cls(base=base, checkpoints=checkpoints)
+
+    @property
+    def methods(self) -> dict[str, CurveArm]:
+        """method -> its arm (spec and hot start; the rate of its first arm), in order of first appearance."""
+        out: dict[str, CurveArm] = {}
+        for arm in self.arms.values():
+            out.setdefault(arm.method, arm)
+        return out
+
+    def grid(self) -> dict[str, dict[float, str]]:
+        """method -> rate -> the label of its cell (a main arm's where the rate coincides)."""
+        return {method: {rate: curve_label(method, rate) for rate in self.rates} for method in self.methods}
+
+    def grid_arms(self) -> dict[str, CurveArm]:
+        """The arms the grid trains beyond the main ones (seed ``first_seed`` only): label -> arm."""
+        out = {}
+        for method, arm in self.methods.items():
+            for rate, label in self.grid()[method].items():
+                if label not in self.arms:
+                    out[label] = dataclasses.replace(arm, learning_rate=rate)
+        return out
+
+    def train_of(self, arm: CurveArm) -> TrainSettings:
+        """The optimisation of ``arm``."""
+        return dataclasses.replace(self.base.train, learning_rate=arm.learning_rate)
+
+    @property
+    def save_steps(self) -> int:
+        """How often a run keeps a checkpoint: every checkpoint's step is a multiple of it."""
+        return math.gcd(*self.checkpoints)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"experiment": self.name, **dataclasses.asdict(self)}
+
+
 # every experiment's configuration (its name is its module's and the command line's)
 EXPERIMENT_CONFIGS: tuple[type, ...] = (LengthGeneralisationConfig, TapaTrainabilityConfig, ContextExtensionConfig,
                                         PropeGemmaRatioConfig, TapaDepthConfig, TapaScaleConfig,
                                         TapeArithmeticConfig, CopePasskeyConfig,
-                                        TapePeftConfig)
+                                        TapePeftConfig, TapaCurvesConfig)

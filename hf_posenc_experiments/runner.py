@@ -55,11 +55,16 @@ def scheme_fields(spec: str) -> dict[str, Any]:
 
 def build_recipe(config: ExperimentSettings, prepared: dict[str, Any], *, scheme: str, seed: int,
                  context_length: int, model: ModelSettings, train: TrainSettings, output_dir: str,
-                 base_model: str | None = None) -> Any:
+                 base_model: str | None = None, scheme_init: dict[str, Any] | None = None,
+                 save_steps: int | None = None) -> Any:
     """The validated :class:`~hf_posenc.training.Recipe` of one cell on the data ``prepared`` for ``config``
     (byte tokenizer, training files, held-out file): from scratch (``model`` as an inline Llama config) or
     continued from ``base_model`` (a saved model directory), full fine-tuning, evaluation at ``config``'s lengths
-    with disjoint windows."""
+    with disjoint windows.
+
+    ``scheme_init`` (from scratch only): the scheme section's ``init``, the scheme's own initialisation of the
+    random weights (TAPA's hot start, ``{"phase_at_distance_1": 7.0}``). ``save_steps``: keep a ``checkpoint-N``
+    every that many steps (all of them; default: none but the final model)."""
     from hf_posenc.training.config import load_recipe
 
     model_section: dict[str, Any] = {"tokenizer": prepared["tokenizer_dir"], "attn_implementation": "sdpa"}
@@ -70,7 +75,8 @@ def build_recipe(config: ExperimentSettings, prepared: dict[str, Any], *, scheme
     data = {
         "description": f"{scheme} seed {seed} at {context_length} bytes",
         "model": model_section,
-        "scheme": {**scheme_fields(scheme), **({"replace": True} if base_model is not None else {})},
+        "scheme": {**scheme_fields(scheme), **({"replace": True} if base_model is not None else {}),
+                   **({"init": dict(scheme_init)} if scheme_init else {})},
         "context_length": context_length,
         "data": {"files": list(prepared["train_files"]), "packing": "concat"},
         "peft": {"enabled": False},
@@ -78,7 +84,8 @@ def build_recipe(config: ExperimentSettings, prepared: dict[str, Any], *, scheme
             "max_steps": train.steps, "learning_rate": train.learning_rate, "lr_scheduler_type": "cosine",
             "warmup_steps": train.warmup_steps, "weight_decay": train.weight_decay,
             "per_device_train_batch_size": train.batch_size, "activation_checkpointing": False,
-            "save_steps": train.steps + 1, "save_total_limit": 1, "logging_steps": max(1, train.steps // 20),
+            "save_steps": train.steps + 1 if save_steps is None else save_steps,
+            "save_total_limit": 1 if save_steps is None else None, "logging_steps": max(1, train.steps // 20),
             "use_cpu": True, "seed": seed, "disable_tqdm": True,
             **train.recipe_training(),  # e.g. CUDA with bf16 autocast, Adam's β2 (AcceleratedTrainSettings)
         },
