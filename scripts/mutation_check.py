@@ -795,6 +795,57 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_upstream_lane.py::test_the_lane_selects_the_interpreter_tests_and_the_compile_lane_without_its_seed",),
         "the kernels must compile on the newest torch's Triton, where the seed does not apply",
     ),
+    # -- TAPA's phase regime and the hot start (eq. 12 at distance 1) --------------------------------------------
+    Mutation(
+        "tapa-hot-start-scales-q-and-k-by-the-whole-ratio", "hf_posenc/schemes/tapa/phase.py",
+        'factor = math.sqrt(ratio) if phase == "quadratic" else ratio',
+        "factor = ratio",
+        ("tests/test_tapa_phase_regime.py::test_the_hot_start_reaches_its_target_and_leaves_the_amplitude_half",),
+        "φ = q_P·k_P is bilinear: scaling each of q and k by the ratio scales the phase by its square",
+    ),
+    Mutation(
+        "tapa-hot-start-scales-the-amplitude-half-too", "hf_posenc/schemes/tapa/phase.py",
+        "torch.arange(amp_dims, head_dim)[None]).flatten()",
+        "torch.arange(0, head_dim)[None]).flatten()",
+        ("tests/test_tapa_phase_regime.py::test_the_hot_start_reaches_its_target_and_leaves_the_amplitude_half",),
+        "the start must move only the phase of eq. 12, not the amplitude product",
+    ),
+    Mutation(
+        "tapa-phase-regime-pairs-a-query-with-its-own-key", "hf_posenc/schemes/tapa/phase.py",
+        "phase_at_distance_1(q[:, :, 1:], k[:, :, :-1], amp_dims, phase)",
+        "phase_at_distance_1(q[:, :, 1:], k[:, :, 1:], amp_dims, phase)",
+        ("tests/test_tapa_phase_regime.py::test_the_text_measure_pairs_each_query_with_the_previous_key",),
+        "distance 1 is the query at m against the key at m − 1, not distance 0",
+    ),
+    Mutation(
+        "recipe-scheme-init-is-ignored-by-the-trainer", "hf_posenc/training/trainer.py",
+        "    if recipe.scheme.init:  # from scratch only (the recipe refuses it with model.path)",
+        "    if False:",
+        ("tests/test_tapa_phase_regime.py::test_a_recipe_starts_tapa_in_the_phase_regime_and_records_it",),
+        "a hot start written in the recipe must reach the model that trains",
+    ),
+    # -- the verdict rule and the experiments' runner ---------------------------------------------------------------
+    Mutation(
+        "verdict-refuted-without-a-fair-record", "hf_posenc_experiments/claims.py",
+        "        if status == REFUTED and not tuning.fair:",
+        "        if False:",
+        ("tests/test_experiment_claims.py::test_a_negative_reading_without_a_fair_record_is_not_a_fair_test",),
+        "a negative reading without equal tuning in the paper's regime is not a refutation",
+    ),
+    Mutation(
+        "verdict-ignores-the-paper-regime", "hf_posenc_experiments/claims.py",
+        "        if not self.regime_reached:",
+        "        if False:",
+        ("tests/test_experiment_claims.py::test_a_negative_reading_without_a_fair_record_is_not_a_fair_test",),
+        "a design outside the paper's regime cannot refute its claim",
+    ),
+    Mutation(
+        "forked-cells-keep-every-torch-thread", "hf_posenc_experiments/runner.py",
+        "    torch.set_num_threads(1)\n    try:\n        cell.run()",
+        "    try:\n        cell.run()",
+        ("tests/test_experiment_runner.py::test_forked_cells_equal_the_serial_run_in_order_and_cached",),
+        "two workers on 2 cores with a thread pool each oversubscribe the cores",
+    ),
 )
 
 
