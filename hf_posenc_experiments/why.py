@@ -9,7 +9,6 @@ fit does not apply to them and the report says so.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -77,15 +76,11 @@ def tapa_phase_scale(model: Any, input_ids: torch.Tensor, scheme: Any) -> dict[s
     """
     from hf_posenc.diagnostics import capture_window
     from hf_posenc.kernels.tapa.args import tapa_split
+    from hf_posenc.schemes.tapa.phase import phase_pairs
 
     captured = capture_window(model, input_ids, None, None, kinds=("q", "k"))
-    amp, ph = tapa_split(captured[0]["q"].shape[-1], scheme.theta)
-    scale = 1.0 / math.sqrt(ph)
-    per_head = []
-    for layer in captured.values():
-        q, k = layer["q"][0, :, 1:, amp:].double(), layer["k"][0, :, :-1, amp:].double()  # [H, S-1, ph]
-        phi = (q.sum(-1) + k.sum(-1) if scheme.phase == "linear" else (q * k).sum(-1)) * scale
-        per_head.append(2 * math.pi * phi.abs())  # [H, S-1]
+    amp, _ = tapa_split(captured[0]["q"].shape[-1], scheme.theta)
+    per_head = [phases[0] for _, phases in phase_pairs(captured, amp, scheme.phase)]  # [H, S-1] per layer
     phases = torch.cat(per_head)  # [layers * H, S-1]
     step = 2.0 ** scheme.alpha - 1.0
     return {"median_phase_rad": float(phases.median()), "median_change_d1_to_d2_rad": float(phases.median() * step),
