@@ -28,14 +28,24 @@ def _cells(root: Path, fail: str | None = None) -> list[Cell]:
 
 
 def test_forked_cells_equal_the_serial_run_in_order_and_cached(tmp_path):
-    serial = run_cells(_cells(tmp_path / "serial"), "serial", progress=False, jobs=1)
-    forked = run_cells(_cells(tmp_path / "forked"), "forked", progress=False, jobs=2)
+    import torch
+
+    # The parent holds a pool of 3 threads whatever the environment gives it (a one-thread parent, as under the
+    # mutation check's two-at-a-time runs, would let a worker that keeps its parent's pool pass as a one-thread one).
+    parent_threads = torch.get_num_threads()
+    torch.set_num_threads(3)
+    try:
+        serial = run_cells(_cells(tmp_path / "serial"), "serial", progress=False, jobs=1)
+        forked = run_cells(_cells(tmp_path / "forked"), "forked", progress=False, jobs=2)
+    finally:
+        torch.set_num_threads(parent_threads)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in ("pid", "threads")} for r in rows]  # noqa: E731
     assert strip(forked) == strip(serial)
     assert [(r["label"], r["seed"]) for r in forked] == [(c.label, c.seed) for c in _cells(tmp_path)]
     assert {r["pid"] for r in forked} != {os.getpid()} and os.getpid() not in {r["pid"] for r in forked}
     assert {r["threads"] for r in forked} == {1}  # one torch thread per worker
     assert all(r["pid"] == os.getpid() for r in serial)
+    assert {r["threads"] for r in serial} == {3}  # the serial run keeps the parent's pool
     again = run_cells(_cells(tmp_path / "forked"), "forked", progress=False, jobs=2)  # all cached: nothing runs
     assert again == forked
 
