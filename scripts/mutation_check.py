@@ -15,23 +15,27 @@ mutation (a baseline run on an unmutated copy, so that a kill means something).
     python scripts/mutation_check.py --anchors        # only check that every anchor is present once (seconds)
 
 The copy holds the files git tracks or would track (``git ls-files -co --exclude-standard``) under
-:data:`COPIED`; the tests run with the copy as working directory and first entry of ``PYTHONPATH``, and a pytest
-plugin written into the copy checks that ``hf_posenc`` was imported from it (hf-posenc is installed editable,
-pointing at the main working tree, so a slip here would test the unmutated code).
+:data:`COPIED`; the tests run with the copy as working directory and first entry of ``sys.path`` and
+``PYTHONPATH``, and a pytest plugin written into the copy checks that ``hf_posenc`` was imported from it (hf-posenc
+is installed editable, pointing at the main working tree, so a slip here would test the unmutated code). Each run is
+a process forked from the check itself after it has imported what every run needs (:data:`PRELOADED`: torch,
+transformers' modeling utilities, PEFT, pytest; about 9 s of one core, most of a typical run) and nothing of
+hf-posenc, which each run imports from its copy; a run is its own process group, killed whole at its timeout.
 """
 
 from __future__ import annotations
 
 import argparse
-import concurrent.futures
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -907,24 +911,6 @@ def copy_repository(destination: Path) -> None:
         shutil.copy2(source, target)
 
 
-def run_tests(copy: Path, tests: list[str], python: str, timeout: float) -> tuple[int, str, float]:
-    (copy / f"{GUARD_MODULE}.py").write_text(GUARD)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(copy)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["HF_POSENC_MUTATION_COPY"] = str(copy)
-    env["HF_HUB_OFFLINE"] = "1"
-    command = [python, "-m", "pytest", "-x", "-q", "-rf", "--no-header", "-p", "no:cacheprovider",
-               "-p", GUARD_MODULE, *tests]
-    start = time.monotonic()
-    try:
-        proc = subprocess.run(command, cwd=copy, env=env, capture_output=True, text=True, timeout=timeout,
-                              stdin=subprocess.DEVNULL)
-    except subprocess.TimeoutExpired as exc:
-        out = (exc.stdout or b"").decode() if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        return -1, out + f"\n(timed out after {timeout:.0f} s)", time.monotonic() - start
-    return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
-
-
 def classify(name: str, rc: int, output: str, seconds: float, tests: list[str], baseline: bool = False) -> Outcome:
     guarded = GUARD_OK in output
     failed = re.findall(r"^FAILED (\S+)", output, re.MULTILINE)
@@ -941,25 +927,153 @@ def classify(name: str, rc: int, output: str, seconds: float, tests: list[str], 
     return Outcome(name, "error", seconds, detail=f"exit {rc} (not a test failure):\n{tail}", tests=tests)
 
 
-def run_mutation(mutation: Mutation | None, tests: list[str], python: str, timeout: float, keep: bool) -> Outcome:
-    """Apply ``mutation`` (None: the baseline) to a fresh copy and run ``tests`` there."""
+# What every test run imports before its first test (about 9 s of one core here, nearly all of a typical mutation's
+# run: transformers' modeling utilities alone take 7): the check imports them once and forks each run from that
+# process, which then imports only hf-posenc itself, from its copy. Nothing of hf-posenc may be imported before.
+PRELOADED = ("torch", "transformers.modeling_utils", "peft", "pytest")
+OWN_PACKAGES = ("hf_posenc", "hf_posenc_cli", "hf_posenc_experiments")
+
+
+def preload() -> None:
+    """Import :data:`PRELOADED` into this process (the one every run is forked from), refusing an hf-posenc already
+    imported: a forked run would inherit it and test the main tree instead of its mutated copy."""
+    import importlib
+
+    for name in PRELOADED:
+        importlib.import_module(name)
+    inherited = sorted(name for name in sys.modules if name.split(".")[0] in OWN_PACKAGES)
+    if inherited:
+        raise RuntimeError(f"the mutation check must start before hf-posenc is imported (found {inherited[:3]}): "
+                           "run it as `python scripts/mutation_check.py`")
+
+
+@dataclass
+class Run:
+    """A forked pytest run in progress: its own session (process group), its output in ``log``."""
+
+    name: str
+    mutation: Mutation | None
+    tests: list[str]
+    copy: Path
+    log: Path
+    pid: int
+    start: float
+    timed_out: bool = False
+
+
+def _run_pytest_here(copy: Path, tests: list[str], log: Path) -> None:
+    """The forked child: become the copy's ``python -m pytest`` (the copy as working directory, first on the path
+    and on PYTHONPATH for the tests' own subprocesses; output to ``log``; no input) and exit with pytest's code.
+    Never returns."""
+    code = 4
+    try:
+        os.setsid()  # its own process group: a timeout kills the tests' subprocesses with it
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.dup2(os.open(os.devnull, os.O_RDONLY), 0)
+        os.chdir(copy)
+        os.environ["PYTHONPATH"] = os.pathsep.join([str(copy)] + ([os.environ["PYTHONPATH"]]
+                                                                 if os.environ.get("PYTHONPATH") else []))
+        os.environ["HF_POSENC_MUTATION_COPY"] = str(copy)
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        here = os.path.realpath(Path(__file__).parent)  # the script's folder, first on the path of `python SCRIPT`
+        sys.path[:] = [str(copy)] + [p for p in sys.path if p and os.path.realpath(p) != here]
+        import pytest
+
+        code = int(pytest.main(["-x", "-q", "-rf", "--no-header", "-p", "no:cacheprovider", "-p", GUARD_MODULE,
+                                *tests]))
+    except BaseException:  # into the log: a run that errs is classified as an error, never as a kill
+        import traceback
+
+        traceback.print_exc()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+def start_run(mutation: Mutation | None, tests: list[str]) -> Run | Outcome:
+    """Apply ``mutation`` (None: the baseline) to a fresh copy and fork its pytest run (an :class:`Outcome` at once
+    when the mutation's anchor is not in the copy)."""
     name = mutation.name if mutation else "baseline (no mutation)"
     copy = Path(tempfile.mkdtemp(prefix=f"hf-posenc-mutation-{mutation.name if mutation else 'baseline'}-"))
-    try:
-        copy_repository(copy)
-        if mutation is not None:
-            problems = anchor_problems(mutation, copy)
-            if problems:
-                return Outcome(name, "anchor", detail="; ".join(problems), tests=tests)
-            path = copy / mutation.file
-            path.write_text(path.read_text(encoding="utf-8").replace(mutation.old, mutation.new), encoding="utf-8")
-        rc, output, seconds = run_tests(copy, tests, python, timeout)
-        return classify(name, rc, output, seconds, tests, baseline=mutation is None)
-    finally:
-        if keep:
-            print(f"kept {copy}", file=sys.stderr)
-        else:
+    copy_repository(copy)
+    if mutation is not None:
+        problems = anchor_problems(mutation, copy)
+        if problems:
             shutil.rmtree(copy, ignore_errors=True)
+            return Outcome(name, "anchor", detail="; ".join(problems), tests=tests)
+        path = copy / mutation.file
+        path.write_text(path.read_text(encoding="utf-8").replace(mutation.old, mutation.new), encoding="utf-8")
+    (copy / f"{GUARD_MODULE}.py").write_text(GUARD)
+    log = copy / "mutation-check-output.txt"
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        _run_pytest_here(copy, tests, log)
+    return Run(name, mutation, tests, copy, log, pid, time.monotonic())
+
+
+def _kill_group(run: Run) -> None:
+    """Kill the run's process group: the run itself if it still runs, and whatever its tests left running."""
+    try:
+        os.killpg(run.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # nothing left of it
+        pass
+
+
+def finish_run(run: Run, status: int, keep: bool) -> Outcome:
+    """Classify a finished run from its exit status and output, and drop its copy (unless ``keep``)."""
+    seconds = time.monotonic() - run.start
+    _kill_group(run)
+    output = run.log.read_text(errors="replace") if run.log.is_file() else ""
+    rc = -1 if run.timed_out else os.waitstatus_to_exitcode(status)
+    if run.timed_out:
+        output += f"\n(timed out after {seconds:.0f} s)"
+    if keep:
+        print(f"kept {run.copy}", file=sys.stderr)
+    else:
+        shutil.rmtree(run.copy, ignore_errors=True)
+    return classify(run.name, rc, output, seconds, run.tests, baseline=run.mutation is None)
+
+
+def run_all(jobs: list[tuple[Mutation | None, list[str]]], workers: int, timeout: float, keep: bool = False,
+            report: Callable[[Outcome], None] = lambda outcome: None) -> list[Outcome]:
+    """Run every (mutation, tests) pair in order, ``workers`` forked runs at a time; ``report`` hears each outcome
+    as its run ends. Call :func:`preload` first (once) so that the runs start with the heavy imports done."""
+    pending = list(reversed(jobs))
+    running: dict[int, Run] = {}
+    outcomes: list[Outcome] = []
+
+    def done(outcome: Outcome) -> None:
+        outcomes.append(outcome)
+        report(outcome)
+
+    try:
+        while pending or running:
+            while pending and len(running) < max(1, workers):
+                started = start_run(*pending.pop())
+                if isinstance(started, Outcome):
+                    done(started)
+                else:
+                    running[started.pid] = started
+            for pid, run in list(running.items()):
+                reaped, status = os.waitpid(pid, os.WNOHANG)
+                if reaped:
+                    done(finish_run(running.pop(pid), status, keep))
+                elif time.monotonic() - run.start > timeout and not run.timed_out:
+                    run.timed_out = True
+                    _kill_group(run)
+            time.sleep(0.05)
+    finally:  # interrupted: no run outlives the check, no copy stays behind
+        for run in running.values():
+            _kill_group(run)
+            os.waitpid(run.pid, 0)
+            if not keep:
+                shutil.rmtree(run.copy, ignore_errors=True)
+    return outcomes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -967,7 +1081,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutations")
     parser.add_argument("--jobs", type=int, default=2, help="runs at a time (default 2)")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds per run (default 900)")
-    parser.add_argument("--python", default=sys.executable, help="interpreter that runs pytest (default: this one)")
     parser.add_argument("--list", action="store_true", help="list the mutations and exit")
     parser.add_argument("--anchors", action="store_true", help="only check the anchors and test names")
     parser.add_argument("--no-baseline", action="store_true", help="skip the run of the tests without mutation")
@@ -994,22 +1107,22 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if problems else 0
 
     if args.jobs > 1:  # several pytest runs at once: one thread each (torch's default, one per core, oversubscribes)
-        os.environ.setdefault("OMP_NUM_THREADS", "1")
+        os.environ.setdefault("OMP_NUM_THREADS", "1")  # before torch is imported: the forked runs inherit its pool
+    os.environ["HF_HUB_OFFLINE"] = "1"  # before huggingface_hub is imported: it reads the variable once
     start = time.monotonic()
+    preload()
     jobs: list[tuple[Mutation | None, list[str]]] = [(m, list(m.tests)) for m in selected]
     if not args.no_baseline:
         union = list(dict.fromkeys(t for m in selected for t in m.tests))
         jobs.insert(0, (None, union))
-    outcomes: list[Outcome] = []
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = [pool.submit(run_mutation, m, tests, args.python, args.timeout, args.keep) for m, tests in jobs]
-        for future in concurrent.futures.as_completed(futures):
-            outcome = future.result()
-            outcomes.append(outcome)
-            by = f"  by {outcome.killed_by}" if outcome.killed_by else ""
-            print(f"{outcome.status.upper():9}{outcome.name} ({outcome.seconds:.0f} s){by}", flush=True)
-            if outcome.detail:
-                print("    " + outcome.detail.replace("\n", "\n    "), flush=True)
+
+    def report(outcome: Outcome) -> None:
+        by = f"  by {outcome.killed_by}" if outcome.killed_by else ""
+        print(f"{outcome.status.upper():9}{outcome.name} ({outcome.seconds:.0f} s){by}", flush=True)
+        if outcome.detail:
+            print("    " + outcome.detail.replace("\n", "\n    "), flush=True)
+
+    outcomes = run_all(jobs, args.jobs, args.timeout, args.keep, report)
     total = time.monotonic() - start
 
     bad = [o for o in outcomes if o.status not in ("killed", "passed")]

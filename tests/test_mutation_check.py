@@ -7,6 +7,7 @@ CPU cores): ``pytest -m mutation tests/test_mutation_check.py`` or ``python scri
 from __future__ import annotations
 
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -58,3 +59,38 @@ def test_the_suite_kills_every_mutation(request, tmp_path):
     proc = subprocess.run([sys.executable, str(SCRIPT), "--json", str(tmp_path / "outcomes.json")],
                           capture_output=True, text=True, stdin=subprocess.DEVNULL)
     assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-3000:]
+
+
+RUNNER_PROBE = r'''
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import mutation_check as check
+
+check.preload()
+set_jobs = "raise ValueError(f\"--jobs must be a whole number >= 1, got {jobs!r}\")"
+jobs_test = ["tests/test_experiment_runner.py::test_jobs_must_be_a_positive_whole_number"]
+runner = "hf_posenc_experiments/runner.py"
+runs = [
+    (check.Mutation("harmless", runner, set_jobs, set_jobs + "  # a comment", tuple(jobs_test), ""), jobs_test),
+    (check.Mutation("harmful", runner, set_jobs, "pass", tuple(jobs_test), ""), jobs_test),
+    (check.Mutation("lost-anchor", runner, "not in the file", "x", tuple(jobs_test), ""), jobs_test),
+]
+outcomes = check.run_all(runs, workers=2, timeout=120.0)
+slow_test = "tests/test_experiment_runner.py::test_forked_cells_equal_the_serial_run_in_order_and_cached"
+slow = check.run_all([(None, [slow_test])], workers=1, timeout=0.01)
+print(json.dumps({o.name: [o.status, o.killed_by, o.detail[-300:]] for o in outcomes + slow}))
+'''
+
+
+def test_forked_runs_tell_a_kill_from_a_survivor_and_an_error(tmp_path):
+    """The forked runner itself (in a fresh process, as the check runs): a harmless edit survives, a harmful one is
+    killed by its test, a lost anchor and a run past its timeout are errors, never kills."""
+    proc = subprocess.run([sys.executable, "-c", RUNNER_PROBE, str(SCRIPT.parent)], capture_output=True, text=True,
+                          stdin=subprocess.DEVNULL, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    outcomes = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert outcomes["harmless"][0] == "survived"
+    jobs_test = "tests/test_experiment_runner.py::test_jobs_must_be_a_positive_whole_number"
+    assert outcomes["harmful"][:2] == ["killed", jobs_test]
+    assert outcomes["lost-anchor"][0] == "anchor"
+    assert outcomes["baseline (no mutation)"][0] == "error" and "timed out" in outcomes["baseline (no mutation)"][2]
