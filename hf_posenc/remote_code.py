@@ -16,6 +16,7 @@ of a module not declared, is refused when the bundle is built.
 from __future__ import annotations
 
 import ast
+import functools
 import json
 import os
 import re
@@ -54,11 +55,19 @@ class _Import:
     optional: bool  # inside ``try``: may be missing where the remote code runs
 
 
-def _relative_imports(module: str) -> list[_Import]:
+def _relative_imports(module: str) -> tuple[_Import, ...]:
     """The relative ``from … import`` statements of a package module, resolved; anything else that imports
     hf-posenc (absolute imports, ``from . import submodule``) is refused, since it could not be flattened."""
     path, is_package = _path(module)
-    tree = ast.parse(path.read_text(), filename=str(path))
+    return _imports_in(module, path, path.read_text(), is_package)
+
+
+@functools.lru_cache(maxsize=None)
+def _imports_in(module: str, path: Path, source: str, is_package: bool) -> tuple[_Import, ...]:
+    """:func:`_relative_imports` of one version of a module's source. Cached by the file and its source: every
+    ``save_pretrained`` of a patched model bundles the same modules, and parsing them (about a second of one core
+    for the whole bundle) would otherwise be most of a small model's save; an edited file is parsed anew."""
+    tree = ast.parse(source, filename=str(path))
     package = module.split(".") if is_package else module.split(".")[:-1]
     in_try = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for s in t.body for n in ast.walk(s)}
     found: list[_Import] = []
@@ -87,7 +96,7 @@ def _relative_imports(module: str) -> list[_Import]:
                    "remote code, or import it outside `try` to bundle it.")
             )
         found.append(_Import(node, target, optional))
-    return found
+    return tuple(found)
 
 
 def bundle(roots: list[str] | None = None) -> tuple[str, ...]:

@@ -89,7 +89,7 @@ def run_pytest(python: str, args: list[str], junit: Path, env: dict[str, str] | 
     (HF_POSENC_TEST_WORKERS=0: serial): on 2 cores the newest torch's slower imports and compiles otherwise leave
     a core idle."""
     workers = os.environ.get("HF_POSENC_TEST_WORKERS", "2")
-    parallel = ["-n", workers, "--dist", "loadfile"] if workers != "0" else []
+    parallel = ["-n", workers, "--dist", "loadfile", "--no-loadscope-reorder"] if workers != "0" else []
     cmd = [python, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", *parallel, f"--junitxml={junit}", *args]
     return subprocess.run(cmd, cwd=REPO, env=env).returncode
 

@@ -24,11 +24,14 @@ torch._dynamo.config.recompile_limit = 256
 torch._dynamo.config.accumulated_recompile_limit = 4096
 
 
-# The longest test files (minutes each on 2 cores) first: scripts/test.sh hands whole files to two pytest-xdist
-# workers in collection order, and one of these collected last would run alone at the end while the other worker
-# idles. Order inside each file is kept; the files' own order does not matter to any test.
-LONGEST_FIRST = ("test_distributed.py", "test_serving_vllm.py", "test_experiments.py", "test_families.py",
-                 "test_serving_llamacpp.py", "test_sequence_parallel.py", "test_training.py", "test_compile_lane.py")
+# The longest test files first (each 2 to 17 minutes of one core, measured on 2 cores on 2026-12-03): scripts/test.sh
+# hands whole files to two pytest-xdist workers in collection order (--no-loadscope-reorder; xdist's own order, most
+# tests first, would leave a long file of few tests to run alone at the end while the other worker idles). Order
+# inside each file is kept; the files' own order does not matter to any test.
+LONGEST_FIRST = ("test_distributed.py", "test_experiments.py", "test_training.py", "test_serving_llamacpp.py",
+                 "test_tapa_kernel.py", "test_tape.py", "test_serving_vllm.py", "test_families.py",
+                 "test_tape_kernel.py", "test_real_model.py", "test_static_cache.py", "test_compile_lane.py",
+                 "test_sequence_parallel.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

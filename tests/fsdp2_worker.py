@@ -32,7 +32,8 @@ from hf_posenc.adapters import lora_config, save_adapter  # noqa: E402
 from hf_posenc.training.distributed import check_adapter_complete, gathered_state_dict, shard_fsdp2  # noqa: E402
 from tiny import random_ids, tiny_model  # noqa: E402
 
-OPTIONS = {"cope": {"clip_low_n": 4}, "prope": {"p": 0.5}, "tapa": {}, "tape": {}}
+# TAPA on its CPU path, as in test_distributed.SCHEMES (the Triton kernel in the interpreter would take minutes)
+OPTIONS = {"cope": {"clip_low_n": 4}, "prope": {"p": 0.5}, "tapa": {"backend": "chunked"}, "tape": {}}
 GLOBAL_BATCH, LENGTH = 4, 32
 
 

@@ -129,6 +129,18 @@ def test_the_optional_modules_of_the_remote_code_are_declared_and_imported_insid
     assert remote_code.bundle(["schemes.probe"]) == ("schemes.probe",)
 
 
+def test_an_edited_module_is_bundled_as_it_reads_now(tmp_path, monkeypatch):
+    """What a module imports is parsed once per version of its source (every save bundles the same modules): an
+    edit between two saves changes the bundle at once."""
+    (tmp_path / "schemes").mkdir()
+    (tmp_path / "schemes" / "probe.py").write_text("from .other import x\n")
+    (tmp_path / "schemes" / "other.py").write_text("x = 1\n")
+    monkeypatch.setattr(remote_code, "_ROOT", tmp_path)
+    assert remote_code.bundle(["schemes.probe"]) == ("schemes.other", "schemes.probe")
+    (tmp_path / "schemes" / "probe.py").write_text("x = 2\n")
+    assert remote_code.bundle(["schemes.probe"]) == ("schemes.probe",)
+
+
 def test_the_remote_bundle_is_derived_from_the_registry():
     modules = remote_code.bundle()
     for scheme in REGISTRY.values():

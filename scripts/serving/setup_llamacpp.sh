@@ -3,6 +3,7 @@
 #
 #   bash scripts/serving/setup_llamacpp.sh --converter   # seconds: what `export --gguf f32|f16|bf16|q8_0` needs
 #   bash scripts/serving/setup_llamacpp.sh               # several minutes: also the bindings (Q4_K_M, serving tests)
+#   bash scripts/serving/setup_llamacpp.sh --wheel       # only the bindings' wheel, built without .venv
 #
 # --converter: llama.cpp's converter (convert_hf_to_gguf.py with its conversion/ and gguf-py/ folders), unpacked to
 #   build/llama-cpp-python/llama.cpp, where hf_posenc.export_gguf finds it (elsewhere: --llama-cpp DIR or
@@ -13,17 +14,22 @@
 #   llama-cpp-python (llama.cpp's Python bindings, built from source) into the project's .venv: the engine the
 #   serving checks run the exported files in, and llama.cpp's quantizer (Q4_K_M); and diskcache, which llama_cpp
 #   imports.
+# --wheel: only the compilation, into the cached wheel, with a throwaway environment of its own (the Python that
+#   scripts/setup.sh uses, $PYTHON or python3), so that it can start before .venv exists: CI runs it beside the
+#   installs, which wait on downloads while this keeps both cores busy. A later default run installs the cached
+#   wheel in seconds.
 #
 # Portable CPU flags: the default native build picks up AVX-512/AMX where the CPU has them and segfaults on the first
 # evaluation on such machines, so ggml is built for AVX2/FMA/F16C without -march=native. The source and the wheel
 # are cached under build/llama-cpp-python/ (the build takes 6 to 14 minutes on 2 cores); scripts/setup.sh rebuilds
 # .venv when the lock changes, after which this script reinstalls the cached wheel in seconds. Idempotent.
 set -euo pipefail
-usage() { sed -n '2,5p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
 MODE=full
 for arg in "$@"; do
   case "$arg" in
     --converter) MODE=converter ;;
+    --wheel) MODE=wheel ;;
     -h|--help) usage; exit 0 ;;
     *) echo "setup_llamacpp: unknown argument $arg" >&2; usage >&2; exit 2 ;;
   esac
@@ -33,15 +39,20 @@ VENV="${HF_POSENC_VENV:-.venv}"
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="build/llama-cpp-python"
 CONVERTER="$CACHE/llama.cpp"
-FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF"
+# LLAVA_BUILD=OFF: not the multimodal library (tools/mtmd, 54 files), which llama_cpp imports only for image chats
+FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF"
 PY="$VENV/bin/python"
-if [ ! -x "$PY" ]; then
+mkdir -p "$CACHE"
+if [ "$MODE" = wheel ]; then  # a pip of its own: the download and the build need nothing of .venv
+  rm -rf "$CACHE/build-venv"
+  "${PYTHON:-python3}" -m venv "$CACHE/build-venv"
+  PY="$CACHE/build-venv/bin/python"
+elif [ ! -x "$PY" ]; then
   echo "setup_llamacpp: $VENV missing; run scripts/setup.sh first" >&2
   exit 1
 fi
 PIP=("$PY" -m pip --quiet --disable-pip-version-check)
 quiet() { "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }
-mkdir -p "$CACHE"
 sdist="$CACHE/llama_cpp_python-$VERSION.tar.gz"
 if [ ! -f "$sdist" ]; then
   echo "setup_llamacpp: downloading llama-cpp-python $VERSION's source (77 MB)" >&2
@@ -91,6 +102,11 @@ if [ -z "$wheel" ]; then
   trap - EXIT
   wheel="$(ls "$CACHE"/llama_cpp_python-"$VERSION"-*.whl | head -1)"
   echo "setup_llamacpp: built $(basename "$wheel") in $(( (SECONDS - start) / 60 )) min" >&2
+fi
+if [ "$MODE" = wheel ]; then
+  rm -rf "$CACHE/build-venv"
+  echo "setup_llamacpp: $wheel is ready; bash scripts/serving/setup_llamacpp.sh installs it into $VENV" >&2
+  exit 0
 fi
 if ! "$PY" -c "import llama_cpp, sentencepiece, diskcache, sys; sys.exit(llama_cpp.__version__ != '$VERSION')" 2>/dev/null; then
   quiet "${PIP[@]}" install --no-deps diskcache==5.6.3 sentencepiece==0.2.3
