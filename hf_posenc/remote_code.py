@@ -66,7 +66,9 @@ def _relative_imports(module: str) -> tuple[_Import, ...]:
 def _imports_in(module: str, path: Path, source: str, is_package: bool) -> tuple[_Import, ...]:
     """:func:`_relative_imports` of one version of a module's source. Cached by the file and its source: every
     ``save_pretrained`` of a patched model bundles the same modules, and parsing them (about a second of one core
-    for the whole bundle) would otherwise be most of a small model's save; an edited file is parsed anew."""
+    for the whole bundle) would otherwise be most of a small model's save; an edited file is parsed anew. (The
+    ``from . import`` refusal also looks for the named submodule's file: one added later to a package whose
+    ``__init__`` is unchanged is seen by the next process.)"""
     tree = ast.parse(source, filename=str(path))
     package = module.split(".") if is_package else module.split(".")[:-1]
     in_try = {id(n) for t in ast.walk(tree) if isinstance(t, ast.Try) for s in t.body for n in ast.walk(s)}
