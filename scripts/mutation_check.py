@@ -850,6 +850,12 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_experiment_runner.py::test_forked_cells_equal_the_serial_run_in_order_and_cached",),
         "two workers on 2 cores with a thread pool each oversubscribe the cores",
     ),
+    Mutation(
+        "perturbation-batch-rows-scored-as-the-wrong-window", "hf_posenc/diagnostics/perturbation.py",
+        "out[i] = nll[row]", "out[i] = nll[len(batch) - 1 - row]",
+        ("tests/test_diagnostics.py::test_batched_windows_score_as_each_window_alone",),
+        "the windows of one length run as one batch: each row's losses belong to the window it holds",
+    ),
 )
 
 

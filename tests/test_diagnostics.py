@@ -404,6 +404,35 @@ def test_perturbation_scores_only_unperturbed_targets_paired_with_the_clean_text
         perplexity(llama, ids, score="moved")
 
 
+@pytest.mark.parametrize("batch_tokens", [4096, 40])
+def test_batched_windows_score_as_each_window_alone(llama, monkeypatch, batch_tokens):
+    """windows_token_nll (the windows of one length as one batch, at most BATCH_TOKENS tokens; 40 splits a group of
+    16-token windows into batches of 2) gives every window what token_nll gives it alone, in the order given; and a
+    perturbed perplexity over several windows (the last one shorter) is the one rebuilt window by window from the
+    same draws."""
+    from hf_posenc.diagnostics import perturbation
+    from hf_posenc.diagnostics.perturbation import token_nll, windows_token_nll
+
+    monkeypatch.setattr(perturbation, "BATCH_TOKENS", batch_tokens)
+    g = torch.Generator().manual_seed(1)
+    chunks = [random_ids(1, n, seed=10 + i)[0] for i, n in enumerate((16, 16, 9, 16, 9, 16, 16))]
+    positions = [None if i % 2 else offset_positions(c.numel(), 0.3, 4, g) for i, c in enumerate(chunks)]
+    got = windows_token_nll(llama, chunks, positions)
+    assert len(got) == len(chunks)
+    for chunk, pos, nll in zip(chunks, positions, got):
+        torch.testing.assert_close(nll, token_nll(llama, chunk, pos), rtol=1e-5, atol=1e-5)
+
+    ids = _ids(100)  # windows of 16: six whole ones and one of 4
+    for mode in ("transpose", "position_offset"):
+        g = torch.Generator().manual_seed(7)
+        total, count = 0.0, 0
+        for start in range(0, 100, 16):
+            chunk, pos, _ = perturbation.perturb(ids[0, start:start + 16], mode, 0.25, 3, g)
+            nll = token_nll(llama, chunk, pos)
+            total, count = total + float(nll.sum()), count + nll.numel()
+        assert perplexity(llama, ids, 16, mode, 0.25, 3, seed=7) == pytest.approx(math.exp(total / count), rel=1e-5)
+
+
 def test_perturbation_helpers():
     g = torch.Generator().manual_seed(0)
     ids = torch.arange(100)

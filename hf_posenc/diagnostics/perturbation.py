@@ -64,6 +64,36 @@ def token_nll(model: nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | 
     return torch.nn.functional.cross_entropy(logits, ids[1:].to(logits.device), reduction="none").cpu()
 
 
+# Tokens a batched forward of :func:`windows_token_nll` holds at most (its logits are [tokens, vocabulary] in fp32:
+# 2 GB at a 128k vocabulary); a longer window runs alone.
+BATCH_TOKENS = 4096
+
+
+@torch.no_grad()
+def windows_token_nll(model: nn.Module, chunks: Sequence[torch.Tensor],
+                      positions: Sequence[torch.Tensor | None]) -> list[torch.Tensor]:
+    """:func:`token_nll` of every window ``chunks[i]`` (with position ids ``positions[i]`` or None), as a list in
+    the same order; windows of one length (and all with or all without position ids) run as one batch of at most
+    :data:`BATCH_TOKENS` tokens. A window's row of a batch sees only itself (causal attention, no padding), so each
+    entry equals ``token_nll`` of that window alone up to the summation order of the batched matrix products."""
+    out: list[torch.Tensor | None] = [None] * len(chunks)
+    groups: dict[tuple[int, bool], list[int]] = {}
+    for i, (chunk, pos) in enumerate(zip(chunks, positions)):
+        groups.setdefault((chunk.numel(), pos is None), []).append(i)
+    for (length, no_positions), members in groups.items():
+        per_batch = max(1, BATCH_TOKENS // length)
+        for first in range(0, len(members), per_batch):
+            batch = members[first:first + per_batch]
+            ids = torch.stack([chunks[i] for i in batch])
+            pos = None if no_positions else torch.stack([positions[i] for i in batch])
+            logits = forward(model, ids, pos).logits[:, :-1].float()
+            nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), ids[:, 1:].to(logits.device),
+                                                    reduction="none").cpu()
+            for row, i in enumerate(batch):
+                out[i] = nll[row]
+    return out  # type: ignore[return-value]
+
+
 def window_nll(model: nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | None = None) -> tuple[float, int]:
     """Summed next-token negative log-likelihood of one window ``ids [S]`` and the number of predictions."""
     return float(token_nll(model, ids, position_ids).sum()), ids.numel() - 1
@@ -104,10 +134,9 @@ def perplexity(
     _check_perturbation(mode, fraction, max_distance, score)
     ids = check_ids(input_ids, 2, "perplexity")[0]
     g = torch.Generator().manual_seed(seed)
+    drawn = [perturb(ids[start:end], mode, fraction, max_distance, g) for start, end in windows(ids.numel(), window)]
     total, count = 0.0, 0
-    for start, end in windows(ids.numel(), window):
-        chunk, positions, kept = perturb(ids[start:end], mode, fraction, max_distance, g)
-        nll = token_nll(model, chunk, positions)
+    for nll, (_, _, kept) in zip(windows_token_nll(model, [d[0] for d in drawn], [d[1] for d in drawn]), drawn):
         if score == "unperturbed":
             nll = nll[kept]
         total, count = total + float(nll.sum()), count + nll.numel()
@@ -125,12 +154,13 @@ def paired_perplexities(
     _check_perturbation(mode, fraction, max_distance, "unperturbed")
     ids = check_ids(input_ids, 2, "paired_perplexities")[0]
     spans = list(windows(ids.numel(), window))
-    clean = clean if clean is not None else [token_nll(model, ids[a:b]) for a, b in spans]
+    clean = clean if clean is not None else windows_token_nll(model, [ids[a:b] for a, b in spans], [None] * len(spans))
     g = torch.Generator().manual_seed(seed)
+    drawn = [perturb(ids[start:end], mode, fraction, max_distance, g) for start, end in spans]
+    perturbed = windows_token_nll(model, [d[0] for d in drawn], [d[1] for d in drawn])
     perturbed_total, clean_total, count = 0.0, 0.0, 0
-    for (start, end), reference in zip(spans, clean):
-        chunk, positions, kept = perturb(ids[start:end], mode, fraction, max_distance, g)
-        perturbed_total += float(token_nll(model, chunk, positions)[kept].sum())
+    for nll, reference, (_, _, kept) in zip(perturbed, clean, drawn):
+        perturbed_total += float(nll[kept].sum())
         clean_total += float(reference[kept].sum())
         count += int(kept.sum())
     return math.exp(perturbed_total / count), math.exp(clean_total / count)
@@ -180,7 +210,8 @@ def perturbation_tolerance(
             )
     model.eval()
     row = ids[0]
-    clean = [token_nll(model, row[a:b]) for a, b in windows(row.numel(), window)]
+    spans = list(windows(row.numel(), window))
+    clean = windows_token_nll(model, [row[a:b] for a, b in spans], [None] * len(spans))
     baseline = math.exp(sum(float(c.sum()) for c in clean) / sum(c.numel() for c in clean))
     grid = [(m, f, d) for m in modes for f in fractions for d in max_distances]
     points = []

@@ -21,7 +21,7 @@
 #
 # Portable CPU flags: the default native build picks up AVX-512/AMX where the CPU has them and segfaults on the first
 # evaluation on such machines, so ggml is built for AVX2/FMA/F16C without -march=native. The source and the wheel
-# are cached under build/llama-cpp-python/ (the build takes 6 to 14 minutes on 2 cores); scripts/setup.sh rebuilds
+# are cached under build/llama-cpp-python/ (the build takes 3 to 7 minutes on 2 cores); scripts/setup.sh rebuilds
 # .venv when the lock changes, after which this script reinstalls the cached wheel in seconds. Idempotent.
 set -euo pipefail
 usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -39,8 +39,11 @@ VENV="${HF_POSENC_VENV:-.venv}"
 VERSION="${LLAMA_CPP_PYTHON_VERSION:-0.3.36}"
 CACHE="build/llama-cpp-python"
 CONVERTER="$CACHE/llama.cpp"
-# LLAVA_BUILD=OFF: not the multimodal library (tools/mtmd, 54 files), which llama_cpp imports only for image chats
+# LLAVA_BUILD=OFF: not the multimodal library (tools/mtmd, 54 files), which llama_cpp imports only for image chats;
+# llamacpp_bindings_only.cmake: not llama.cpp's common library either, which llama_cpp does not load (why it takes a
+# hook, and not -DLLAMA_BUILD_COMMON=OFF, is said in the file)
 FLAGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAVA_BUILD=OFF"
+FLAGS="$FLAGS -DCMAKE_PROJECT_llama_cpp_INCLUDE=$PWD/scripts/serving/llamacpp_bindings_only.cmake"
 PY="$VENV/bin/python"
 mkdir -p "$CACHE"
 if [ "$MODE" = wheel ]; then  # a pip of its own: the download and the build need nothing of .venv
