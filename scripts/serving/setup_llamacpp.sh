@@ -21,7 +21,7 @@
 #
 # Portable CPU flags: the default native build picks up AVX-512/AMX where the CPU has them and segfaults on the first
 # evaluation on such machines, so ggml is built for AVX2/FMA/F16C without -march=native. The source and the wheel
-# are cached under build/llama-cpp-python/ (the build takes 3 to 7 minutes on 2 cores); scripts/setup.sh rebuilds
+# are cached under build/llama-cpp-python/ (the build takes 4 to 7 minutes on 2 cores); scripts/setup.sh rebuilds
 # .venv when the lock changes, after which this script reinstalls the cached wheel in seconds. Idempotent.
 set -euo pipefail
 usage() { sed -n '2,6p' "$0" | sed 's/^# \{0,1\}//'; }
@@ -89,7 +89,7 @@ if [ "$MODE" = converter ]; then
 fi
 wheel="$(ls "$CACHE"/llama_cpp_python-"$VERSION"-*.whl 2>/dev/null | head -1 || true)"
 if [ -z "$wheel" ]; then
-  echo "setup_llamacpp: building llama-cpp-python $VERSION from source (6 to 14 minutes on 2 cores; f32/f16/bf16/q8_0" \
+  echo "setup_llamacpp: building llama-cpp-python $VERSION from source (4 to 7 minutes on 2 cores; f32/f16/bf16/q8_0" \
        "export needs only --converter, seconds)" >&2
   start=$SECONDS
   # a line a minute, so a long compile is not taken for a hang (sleep's output goes nowhere: an orphaned sleep must

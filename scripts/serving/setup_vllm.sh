@@ -19,8 +19,8 @@ if venv_current "$VENV" .hf-posenc-vllm "$want"; then
 fi
 echo "setup_vllm: building $VENV ($VLLM_PIN on $TORCH_PIN, CPU)" >&2
 fresh_venv "$VENV"
-quiet "${PIP[@]}" install --no-compile "$TORCH_PIN"
-quiet "${PIP[@]}" install --no-compile "$VLLM_PIN"
+quiet "${PIP[@]}" install "$TORCH_PIN"
+quiet "${PIP[@]}" install "$VLLM_PIN"
 for extra in torchvision torchaudio torchcodec; do
   if "$VENV/bin/python" -m pip show --quiet "$extra" 2>/dev/null; then
     "${PIP[@]}" uninstall -y "$extra"
