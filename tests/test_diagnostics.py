@@ -432,6 +432,13 @@ def test_batched_windows_score_as_each_window_alone(llama, monkeypatch, batch_to
             total, count = total + float(nll.sum()), count + nll.numel()
         assert perplexity(llama, ids, 16, mode, 0.25, 3, seed=7) == pytest.approx(math.exp(total / count), rel=1e-5)
 
+    with pytest.raises(ValueError, match="one entry .* per window: 2 windows, 1 entries"):
+        windows_token_nll(llama, chunks[:2], positions[:1])
+    with pytest.raises(ValueError, match="one position id per token"):
+        windows_token_nll(llama, chunks[:1], [torch.arange(5)])
+    with pytest.raises(ValueError, match="non-empty 1-D"):
+        windows_token_nll(llama, [chunks[0][None]], [None])
+
 
 def test_perturbation_helpers():
     g = torch.Generator().manual_seed(0)

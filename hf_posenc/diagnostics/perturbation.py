@@ -64,9 +64,10 @@ def token_nll(model: nn.Module, ids: torch.Tensor, position_ids: torch.Tensor | 
     return torch.nn.functional.cross_entropy(logits, ids[1:].to(logits.device), reduction="none").cpu()
 
 
-# Tokens a batched forward of :func:`windows_token_nll` holds at most (its logits are [tokens, vocabulary] in fp32:
-# 2 GB at a 128k vocabulary); a longer window runs alone.
-BATCH_TOKENS = 4096
+# Tokens a batched forward of :func:`windows_token_nll` holds at most: the logits' peak ([tokens, vocabulary] in fp32,
+# 1 GB at a 128k vocabulary) stays that of one window of the paper's 2,048 tokens; a longer window runs alone, as
+# :func:`token_nll` runs it.
+BATCH_TOKENS = 2048
 
 
 @torch.no_grad()
@@ -75,7 +76,17 @@ def windows_token_nll(model: nn.Module, chunks: Sequence[torch.Tensor],
     """:func:`token_nll` of every window ``chunks[i]`` (with position ids ``positions[i]`` or None), as a list in
     the same order; windows of one length (and all with or all without position ids) run as one batch of at most
     :data:`BATCH_TOKENS` tokens. A window's row of a batch sees only itself (causal attention, no padding), so each
-    entry equals ``token_nll`` of that window alone up to the summation order of the batched matrix products."""
+    entry equals ``token_nll`` of that window alone (the readable one-window reference) up to the summation order of
+    the batched matrix products."""
+    if len(positions) != len(chunks):
+        raise ValueError(f"positions must give one entry (a tensor or None) per window: {len(chunks)} windows, "
+                         f"{len(positions)} entries.")
+    for i, (chunk, pos) in enumerate(zip(chunks, positions)):
+        if chunk.dim() != 1 or chunk.numel() == 0:
+            raise ValueError(f"window {i} must be a non-empty 1-D tensor of token ids, got shape {tuple(chunk.shape)}.")
+        if pos is not None and pos.shape != chunk.shape:
+            raise ValueError(f"window {i} has {chunk.numel()} tokens but {tuple(pos.shape)} position ids; give one "
+                             "position id per token, or None.")
     out: list[torch.Tensor | None] = [None] * len(chunks)
     groups: dict[tuple[int, bool], list[int]] = {}
     for i, (chunk, pos) in enumerate(zip(chunks, positions)):
