@@ -856,6 +856,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         ("tests/test_diagnostics.py::test_batched_windows_score_as_each_window_alone",),
         "the windows of one length run as one batch: each row's losses belong to the window it holds",
     ),
+    Mutation(
+        "training-command-exits-with-its-process-group", "hf_posenc/training/cli.py",
+        "            result = run_training(recipe, resume=args.resume)\n        _leave_process_group()\n",
+        "            result = run_training(recipe, resume=args.resume)\n",
+        ("tests/test_training.py::test_a_finished_run_leaves_its_process_group",),
+        "a launched rank that exits with its gloo group alive can abort in the interpreter's shutdown",
+    ),
 )
 
 

@@ -541,6 +541,33 @@ def test_an_output_that_cannot_be_written_is_refused_before_any_model_loads(work
     assert "is not writable" in capsys.readouterr().err and time.time() - started < 10
 
 
+def test_a_finished_run_leaves_its_process_group(workspace, monkeypatch, capsys):
+    """The launched command destroys the process group once its run is done: a rank that exits with its gloo group
+    alive can abort in the interpreter's shutdown (SIGABRT after a successful run, seen in a ZeRO-3 launch)."""
+    import torch.distributed as dist
+
+    from hf_posenc.training import trainer
+    from hf_posenc.training.cli import main as train_main
+
+    recipe = _recipe(workspace, "grouped")
+    (workspace / "grouped.yaml").write_text(yaml.safe_dump(recipe))
+    ran = []
+
+    def finished(recipe, resume=False):
+        ran.append(dist.is_initialized())  # the run itself still has the group
+        return trainer.TrainResult(recipe.output.dir, str(workspace / "grouped" / "adapter"), None, "log.jsonl", [1.0])
+
+    monkeypatch.setattr(trainer, "run_training", finished)
+    dist.init_process_group("gloo", init_method=f"file://{workspace / 'store'}", rank=0, world_size=1)
+    try:
+        assert train_main([str(workspace / "grouped.yaml")]) == 0
+        assert ran == [True] and not dist.is_initialized()
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    assert json.loads(capsys.readouterr().out)["final_loss"] == 1.0
+
+
 def test_two_process_run(workspace):
     recipe = _recipe(workspace, "ddp", training={"max_steps": 3, "save_steps": 3})
     (workspace / "ddp.yaml").write_text(yaml.safe_dump(recipe))

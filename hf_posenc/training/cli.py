@@ -33,6 +33,7 @@ def run_train(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             result = run_training(recipe, resume=args.resume)
+        _leave_process_group()
     except RecipeError as exc:
         print(f"hf-posenc train: {exc}", file=sys.stderr)
         return 2
@@ -49,6 +50,20 @@ def run_train(args: argparse.Namespace) -> int:
                       "merged_dir": result.merged_dir, "log": result.log_path,
                       "final_loss": result.losses[-1] if result.losses else None, "notes": result.notes}, indent=2))
     return 0
+
+
+def _leave_process_group() -> None:
+    """Destroy the process group a distributed launch set up (the Trainer's, through accelerate), once this rank's
+    part of the run is done: every collective is behind it (the last is the barrier after the save), and what is
+    left runs on the main process alone. A process that exits with its gloo group alive can abort in the
+    interpreter's shutdown (``terminate called without an active exception``, SIGABRT: gloo's worker threads are
+    still joinable), which fails a launch whose training succeeded; PyTorch's documentation asks every process to
+    call ``destroy_process_group`` at the end. Destroying a group is local to the process, so a rank that finishes
+    before the main process does not wait for it."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
 
 
 def main(argv: list[str] | None = None) -> int:
