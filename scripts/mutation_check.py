@@ -552,7 +552,8 @@ MUTATIONS: tuple[Mutation, ...] = (
         "sequence-parallel-resume-retrains-the-first-shards", "hf_posenc/training/sequence_parallel.py",
         "for _ in range((global_step % per_epoch) * accumulate):",
         "for _ in range(0):",
-        ("tests/test_distributed.py::test_sequence_parallel_zero3_resumes_after_a_kill",),
+        ("tests/test_sequence_parallel.py::test_a_resume_advances_deepspeeds_loader_past_the_trained_micro_batches",
+         "tests/test_distributed.py::test_sequence_parallel_zero3_resumes_after_a_kill"),
         "a resumed sequence-parallel run continues past the micro-batches its checkpoint trained",
     ),
     Mutation(

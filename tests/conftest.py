@@ -27,7 +27,9 @@ torch._dynamo.config.accumulated_recompile_limit = 4096
 # The longest test files first (each 2 to 17 minutes of one core, measured on 2 cores on 2026-12-03): scripts/test.sh
 # hands whole files to two pytest-xdist workers in collection order (--no-loadscope-reorder; xdist's own order, most
 # tests first, would leave a long file of few tests to run alone at the end while the other worker idles). Order
-# inside each file is kept; the files' own order does not matter to any test.
+# inside each file is kept; the files' own order does not matter to any test. Only the workers sort (the order they
+# collect is the order xdist schedules): a run in one process keeps the order its command line gives, which the
+# mutation check relies on (a cheap test listed first ends a run under -x before a long one starts).
 LONGEST_FIRST = ("test_distributed.py", "test_experiments.py", "test_training.py", "test_serving_llamacpp.py",
                  "test_tapa_kernel.py", "test_tape.py", "test_serving_vllm.py", "test_families.py",
                  "test_tape_kernel.py", "test_real_model.py", "test_static_cache.py", "test_compile_lane.py",
@@ -35,5 +37,7 @@ LONGEST_FIRST = ("test_distributed.py", "test_experiments.py", "test_training.py
 
 
 def pytest_collection_modifyitems(session, config, items):
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: files and tests keep their order

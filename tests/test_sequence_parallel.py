@@ -75,6 +75,51 @@ def _refusal(**changes):
                                      **args)
 
 
+@pytest.mark.parametrize(("global_step", "accumulate", "micro_batches", "first"), [
+    (2, 1, 6, 2),  # mid-epoch: the two trained micro-batches are skipped
+    (7, 1, 6, 1),  # one step into the second epoch
+    (3, 2, 10, 6),  # with accumulation: three steps of two micro-batches each
+    (5, 2, 9, 0),  # an epoch of five steps (its last of one micro-batch) just ended: nothing to skip
+], ids=["mid-epoch", "second-epoch", "accumulated", "epoch-end"])
+def test_a_resume_advances_deepspeeds_loader_past_the_trained_micro_batches(tmp_path, global_step, accumulate,
+                                                                            micro_batches, first):
+    """:func:`resume_past_trained_shards` on a stand-in for the Trainer: the loader adapter accelerate builds
+    (DeepSpeed's, a sized iterator of micro-batches) comes back advanced by (global step mod steps per epoch) ×
+    accumulation, and the Trainer's own skip, which fails on that adapter, is off. The launched run's losses after a
+    kill are checked by test_distributed.py::test_sequence_parallel_zero3_resumes_after_a_kill."""
+    from types import SimpleNamespace
+
+    from hf_posenc.training.sequence_parallel import resume_past_trained_shards
+
+    class Adapter:  # as DeepSpeed's UlyssesSPDataLoaderAdapter: len() micro-batches, handed out by next()
+        def __init__(self, n: int):
+            self.n, self.items = n, iter(range(n))
+
+        def __len__(self) -> int:
+            return self.n
+
+        def __iter__(self):
+            return self
+
+        def __next__(self) -> int:
+            return next(self.items)
+
+    built = []
+
+    def build(dataloader, model):
+        built.append((dataloader, model))
+        return Adapter(dataloader)
+
+    (tmp_path / "checkpoint").mkdir()
+    (tmp_path / "checkpoint" / "trainer_state.json").write_text(json.dumps({"global_step": global_step}))
+    trainer = SimpleNamespace(args=SimpleNamespace(gradient_accumulation_steps=accumulate, ignore_data_skip=False),
+                              accelerator=SimpleNamespace(deepspeed_ulysses_dl_adapter=build))
+    resume_past_trained_shards(trainer, tmp_path / "checkpoint")
+    adapted = trainer.accelerator.deepspeed_ulysses_dl_adapter(micro_batches, "model")
+    assert built == [(micro_batches, "model")] and trainer.args.ignore_data_skip
+    assert list(adapted) == list(range(first, micro_batches))
+
+
 def test_what_cannot_split_is_refused_with_the_fix():
     """Each launch that cannot train with the sequence split names why and what to change; the tiny model's
     4/2 heads split over 2 (and 4: its key/value heads are replicated, as DeepSpeed does)."""
