@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 VENV="${HF_POSENC_VENV:-.venv}"
 BASE_PY="${PYTHON:-python3}"
 TORCH_PIN="torch==2.13.0"
-want="$(cat requirements/lock.txt pyproject.toml scripts/setup.sh scripts/lib/check_env.sh scripts/lib/bytecode.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat requirements/lock.txt pyproject.toml scripts/setup.sh scripts/lib/check_env.sh | sha256sum | cut -d' ' -f1)"
 stamp="$VENV/.hf-posenc-lock"
 if [ -x "$VENV/bin/python" ] && [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
@@ -18,15 +18,14 @@ echo "setup: building $VENV from requirements/lock.txt" >&2
 rm -rf "$VENV"
 "$BASE_PY" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
-source scripts/lib/bytecode.sh  # BYTECODE: pip compiles only where Python would not cache
 began=$(date +%s)
 step() { echo "setup: [$1/4] $2 ($(( $(date +%s) - began )) s so far)" >&2; }
 step 1 "$TORCH_PIN, the CPU wheel"
-"${PIP[@]}" install "${BYTECODE[@]}" "$TORCH_PIN" 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install "$TORCH_PIN" 2> >(grep -v "is neither a file nor a directory" >&2)
 step 2 "the $(grep -vc '^#' requirements/lock.txt) locked packages (transformers, peft, deepspeed, triton, ...)"
-"${PIP[@]}" install "${BYTECODE[@]}" --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
 step 3 "hf-posenc itself (editable)"
-"${PIP[@]}" install "${BYTECODE[@]}" --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
+"${PIP[@]}" install --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
 step 4 "checking that the environment's packages fit together"
 source scripts/lib/check_env.sh
 check_env "$VENV" "setup: inconsistent environment (fix requirements/lock.txt, e.g. bash scripts/lock.sh)"

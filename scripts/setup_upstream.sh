@@ -17,7 +17,6 @@ VENV="${HF_POSENC_UPSTREAM_VENV:-.venv-upstream}"
 BASE_PY="${PYTHON:-python3}"
 UPSTREAM=(torch transformers peft accelerate trl datasets huggingface-hub deepspeed triton)
 PIP=("$VENV/bin/python" -m pip --quiet --disable-pip-version-check)
-source scripts/lib/bytecode.sh  # BYTECODE: pip compiles only where Python would not cache
 LOCKED="${HF_POSENC_VENV:-.venv}"
 began=$(date +%s)
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.hf-posenc-upstream" ]; then
@@ -33,15 +32,15 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.hf-posenc-upstream" ]; then
   else
     echo "setup_upstream: building $VENV (the lock, then the newest ${UPSTREAM[*]})" >&2
     "$BASE_PY" -m venv "$VENV"
-    "${PIP[@]}" install "${BYTECODE[@]}" torch 2> >(grep -v "is neither a file nor a directory" >&2)
-    "${PIP[@]}" install "${BYTECODE[@]}" --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
-    "${PIP[@]}" install "${BYTECODE[@]}" --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
+    "${PIP[@]}" install torch 2> >(grep -v "is neither a file nor a directory" >&2)
+    "${PIP[@]}" install --no-deps -r requirements/lock.txt 2> >(grep -v "is neither a file nor a directory" >&2)
+    "${PIP[@]}" install --no-deps -e . 2> >(grep -v "is neither a file nor a directory" >&2)
   fi
   touch "$VENV/.hf-posenc-upstream"
 fi
 copied=$(date +%s)
 # Newest releases, and whatever they need in turn (only-if-needed: the rest stays at the lock).
-"${PIP[@]}" install "${BYTECODE[@]}" --upgrade --upgrade-strategy only-if-needed "${UPSTREAM[@]}" \
+"${PIP[@]}" install --upgrade --upgrade-strategy only-if-needed "${UPSTREAM[@]}" \
   2> >(grep -v "is neither a file nor a directory" >&2)
 source scripts/lib/check_env.sh
 check_env "$VENV" "setup_upstream: the newest releases do not install together"

@@ -3,8 +3,6 @@
 #   venv_current VENV STAMP WANT   true when VENV exists and its STAMP file holds WANT (nothing to do)
 #   fresh_venv VENV                VENV rebuilt empty; then "${PIP[@]}" is its quiet pip, `quiet CMD` drops setuptools'
 #                                  "is neither a file nor a directory" noise from CMD's stderr
-#   BYTECODE                       the install options of scripts/lib/bytecode.sh (pip compiles only where Python
-#                                  would not cache bytecode itself)
 venv_current() {
   [ -x "$1/bin/python" ] && [ -f "$1/$2" ] && [ "$(cat "$1/$2")" = "$3" ]
 }
@@ -13,5 +11,4 @@ fresh_venv() {
   "${PYTHON:-python3}" -m venv "$1"
   PIP=("$1/bin/python" -m pip --quiet --disable-pip-version-check)
 }
-source scripts/lib/bytecode.sh
 quiet() { "$@" 2> >(grep -v "is neither a file nor a directory" >&2); }

