@@ -43,6 +43,7 @@ import ctypes
 import functools
 import importlib.util
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -289,6 +290,24 @@ def captured_output(log: str | os.PathLike):
         text.close()
 
 
+@contextlib.contextmanager
+def every_llama_cpp_log_line():
+    """llama.cpp's log lines, every level, reach Python's ``sys.stderr`` in the block; the level is restored afterwards.
+
+    llama-cpp-python forwards llama.cpp's log through its logger ``"llama-cpp-python"`` and drops a line whose
+    level maps below the logger's; its map predates llama.cpp's renumbered levels (an error line maps to DEBUG), and
+    any ``Llama(verbose=False)`` in the process sets that logger to ERROR, so from then on the quantizer's own reason
+    for a failure ("failed to quantize: ...") would be dropped. Everything the block prints goes to a captured log
+    anyway, of which only a failure's tail is shown."""
+    logger = logging.getLogger("llama-cpp-python")
+    level = logger.level
+    logger.setLevel(logging.DEBUG)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _log_tail(log: str, lines: int = QUANTIZER_LOG_TAIL) -> str:
     try:
         with open(log, encoding="utf-8", errors="replace") as f:
@@ -319,7 +338,7 @@ def quantize(src: str, dst: str, quantization: str = "q4_k_m") -> str:
         error: Exception | None = None
         status = None
         try:
-            with captured_output(log):
+            with captured_output(log), every_llama_cpp_log_line():
                 status = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
         except Exception as e:  # noqa: BLE001  (re-raised below with the log)
             error = e

@@ -499,6 +499,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the converter's registry is keyed by the architecture class config.json names (MistralForCausalLM -> llama)",
     ),
     Mutation(
+        "quantizer-log-keeps-llama-cpp-pythons-verbosity", "hf_posenc/gguf_export.py",
+        "    logger.setLevel(logging.DEBUG)\n",
+        "",
+        ("tests/test_gguf_export.py::test_a_failing_quantizer_raises_with_its_logs_tail_and_restores_the_output",),
+        "after any Llama(verbose=False) in the process, llama.cpp's error lines were dropped: the failure said nothing",
+    ),
+    Mutation(
         "export-inverts-the-frequency-ratio-over-a-scaled-base", "hf_posenc/export.py",
         "default / inv.clamp_min(1e-300)",
         "inv / default.clamp_min(1e-300)",

@@ -4,6 +4,7 @@ Running the files in llama.cpp is ``test_serving_llamacpp.py``."""
 
 import importlib.util
 import json
+import logging
 import math
 import os
 import signal
@@ -324,13 +325,24 @@ def test_the_converter_setup_unpacks_it_without_building_the_bindings(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("llama_cpp") is None,
                     reason="llama.cpp's quantizer is not installed: run bash scripts/serving/setup_llamacpp.sh")
-def test_a_failing_quantizer_raises_with_its_logs_tail_and_restores_the_output(tmp_path, capfd):
+@pytest.mark.parametrize("logger_level", [logging.NOTSET, logging.ERROR], ids=["fresh process", "after a quiet Llama"])
+def test_a_failing_quantizer_raises_with_its_logs_tail_and_restores_the_output(tmp_path, capfd, logger_level):
+    """llama.cpp's reason reaches the error also after a ``Llama(verbose=False)`` in the same process, which sets
+    llama-cpp-python's logger to ERROR (its level map sends llama.cpp's error lines to DEBUG): a serving test run
+    earlier in the same worker did, and the log came back empty."""
     from hf_posenc.gguf_export import quantize
 
-    (tmp_path / "bad.gguf").write_bytes(b"not a GGUF file" * 100)
-    capfd.readouterr()
-    with pytest.raises(RuntimeError, match=r"(?s)quantizer failed on .*bad\.gguf.*the end of its log:\n.*\S") as e:
-        quantize(str(tmp_path / "bad.gguf"), str(tmp_path / "q.gguf"))
+    logger = logging.getLogger("llama-cpp-python")
+    saved = logger.level
+    logger.setLevel(logger_level)
+    try:
+        (tmp_path / "bad.gguf").write_bytes(b"not a GGUF file" * 100)
+        capfd.readouterr()
+        with pytest.raises(RuntimeError, match=r"(?s)quantizer failed on .*bad\.gguf.*the end of its log:\n.*\S") as e:
+            quantize(str(tmp_path / "bad.gguf"), str(tmp_path / "q.gguf"))
+        assert logger.level == logger_level  # the caller's verbosity is back
+    finally:
+        logger.setLevel(saved)
     assert "failed to quantize" in str(e.value)  # llama.cpp's own reason, from the captured log
     print("python after")
     os.write(1, b"fd 1 after\n")
