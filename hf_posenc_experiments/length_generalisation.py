@@ -9,6 +9,7 @@ bigram floor uses more than one byte of context, which is where positional encod
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -26,7 +27,7 @@ from .report import (
     TABLE_NOTE, Tests, analysis, closing_lines, make_payload, markdown_table, plot_summary, publish,
     tests_explained,
 )
-from .runner import Cell, Summary, build_recipe, run_cells, slug
+from .runner import Cell, Summary, build_recipe, run_cells, slug, train_and_evaluate, validation_loss
 from .stats import Difference
 from .tokenizer import VOCAB_SIZE, byte_tokenizer, save_byte_tokenizer
 from .why import diagnose
@@ -71,24 +72,94 @@ def begin(config: ExperimentSettings, out: str | Path, work: str | Path, corpus:
 
 
 def arm_cells(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
-              prepared: dict[str, Any], work: Path, experiment: str | None = None) -> list[Cell]:
-    """Cells of ``arms`` (label -> scheme spec, model, optimisation) × ``config.seeds``, on ``config``'s data and
-    evaluation; ``experiment`` names the experiment in each cell's fingerprint (default ``config.name``)."""
+              prepared: dict[str, Any], work: Path, experiment: str | None = None, *, validate: bool = False,
+              seeds: Sequence[int] | None = None) -> list[Cell]:
+    """Cells of ``arms`` (label -> scheme spec, model, optimisation) × ``seeds`` (default ``config``'s), on
+    ``config``'s data and evaluation; ``experiment`` names the experiment in each cell's fingerprint (default
+    ``config.name``).
+
+    ``validate``: each run is also scored on the validation text at L (its result's ``validation``, with its
+    ``learning_rate``), and runs at different rates of one arm live in directories of their own
+    (``<arm>/lr<rate>/seed<k>``): the cells of a rate grid (:func:`choose_rates`), whose run at the chosen rate is
+    the same cell as the row's run of that seed."""
     out = []
     for label, (spec, model, train) in arms.items():
-        for seed in config.seed_list:
+        for seed in config.seed_list if seeds is None else seeds:
             settings = {"experiment": experiment or config.name, "spec": spec, "seed": seed,
                         "context_length": config.context_length, "model": model, "train": train,
                         "eval_lengths": config.eval_lengths, "eval_tokens": config.eval_tokens,
                         "train_chars": config.train_chars, "train_bytes": prepared["train_bytes"]}
+            directory = work / "runs" / slug(label) / f"seed{seed}"
 
             def make(output_dir: str, spec: str = spec, seed: int = seed, model: ModelSettings = model,
                      train: TrainSettings = train) -> Any:
                 return build_recipe(config, prepared, scheme=spec, seed=seed, context_length=config.context_length,
                                     model=model, train=train, output_dir=output_dir)
 
-            out.append(Cell(label, spec, seed, work / "runs" / slug(label) / f"seed{seed}", settings, make))
+            if not validate:
+                out.append(Cell(label, spec, seed, directory, settings, make))
+                continue
+            settings["validation"] = {"length": config.context_length, "tokens": config.eval_tokens}
+            directory = work / "runs" / slug(label) / f"lr{train.learning_rate:g}" / f"seed{seed}"
+
+            def execute(directory: Path, make: Callable[[str], Any] = make, rate: float = train.learning_rate
+                        ) -> dict[str, Any]:
+                result = train_and_evaluate(make(str(directory / "run")), directory / "train.log")
+                start = time.perf_counter()
+                loss = validation_loss(result["model_dir"], prepared["validation_file"], config.context_length,
+                                       config.eval_tokens)
+                result["seconds"] += time.perf_counter() - start
+                return {**result, "learning_rate": rate, "validation": loss if math.isfinite(loss) else None}
+
+            out.append(Cell(label, spec, seed, directory, settings, None, execute=execute))
     return out
+
+
+def choose_rates(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],
+                 rates: Sequence[float], prepared: dict[str, Any], work: Path, experiment: str, progress: bool = True
+                 ) -> tuple[dict[str, float], list[dict[str, Any]]]:
+    """The per-arm learning-rate grid at the final budget: every arm trained at each of ``rates`` with the first
+    seed and scored on the validation text at L (never the scored text); returns label -> the rate of the lowest
+    validation loss (the lower rate on a tie; a diverged run is never chosen) and the grid's results."""
+    cells = [cell for label, (spec, model, train) in arms.items() for rate in rates
+             for cell in arm_cells(config, {label: (spec, model, dataclasses.replace(train, learning_rate=rate))},
+                                   prepared, work, experiment=experiment, validate=True, seeds=[config.first_seed])]
+    results = run_cells(cells, desc=f"{experiment} ({config.size}): {len(rates)} rates per arm, seed "
+                        f"{config.first_seed}", progress=progress)
+
+    def loss(result: dict[str, Any]) -> float:
+        return math.inf if result["validation"] is None else float(result["validation"])
+
+    chosen = {label: min((r for r in results if r["label"] == label),
+                         key=lambda r: (loss(r), r["learning_rate"]))["learning_rate"] for label in arms}
+    return chosen, results
+
+
+def grid_tuning(payload: dict[str, Any], labels: Sequence[str], steps: int, regime: str, regime_reached: bool
+                ) -> Tuning:
+    """The tuning record of ``labels`` in a report whose rows each ran ``steps`` at the rate its grid chose
+    (``payload``'s ``grid``: every rate tried at the final budget, the choice on the validation text)."""
+    return Tuning(rates={label: tuple(sorted({r["learning_rate"] for r in payload["grid"] if r["label"] == label}))
+                         for label in labels},
+                  steps={label: steps for label in labels}, validated=True, flattened=None, regime=regime,
+                  regime_reached=regime_reached)
+
+
+def grid_table(payload: dict[str, Any]) -> list[str]:
+    """The Markdown table of a report's rate grid: per row, the validation loss at L (first seed) at each rate,
+    the chosen one in bold, marked where it is the grid's edge."""
+    grid = payload["grid"]
+    rates = sorted({r["learning_rate"] for r in grid})
+    chosen = payload["chosen_rates"]
+    lines = ["| row | " + " | ".join(f"validation at lr {rate:g}" for rate in rates) + " | chosen |",
+             "|---|" + "---|" * (len(rates) + 1)]
+    for label, rate in chosen.items():
+        found = {r["learning_rate"]: r["validation"] for r in grid if r["label"] == label}
+        cells = [("diverged" if found[r] is None else f"{found[r]:.4f}") if r in found else "n/a" for r in rates]
+        cells = [f"**{c}**" if r == rate else c for r, c in zip(rates, cells)]
+        edge = " (the grid's highest)" if rate == max(rates) else " (the grid's lowest)" if rate == min(rates) else ""
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {rate:g}{edge} |")
+    return lines
 
 
 REFERENCE = "RoPE"
@@ -284,6 +355,13 @@ def render_from_scratch(payload: dict[str, Any], config: LengthGeneralisationCon
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     command, seeds = payload["command"], config.seed_list
     claims = [Claim.from_dict(c) for c in payload.get("claims") or []]
+    rate = (f"lr {config.train.learning_rate:g}" if "grid" not in payload else
+            "each row's peak rate chosen by the rate grid below")
+    grid = [] if "grid" not in payload else [
+        f"Rate grid at the final budget: every row trained at each of "
+        f"{', '.join(f'{r:g}' for r in payload['rate_grid'])} with seed {config.first_seed}, scored on the "
+        "validation text (the held-out novel's last bytes, never the scored ones) at L; each row's seeds then ran "
+        "at the rate of its lowest validation loss (the table above):", "", *grid_table(payload), ""]
     md = [
         f"# {title}",
         "",
@@ -292,7 +370,7 @@ def render_from_scratch(payload: dict[str, Any], config: LengthGeneralisationCon
         f"Byte-level Llama-style model (d = {config.model.hidden_size}, {config.model.num_layers} layers, "
         f"{config.model.num_heads} heads of {config.model.head_dim}) trained from scratch at L = "
         f"{config.context_length} bytes for {config.train.steps} steps of {config.train.batch_size} windows "
-        f"(lr {config.train.learning_rate:g}, cosine, {config.train.warmup_steps} warm-up steps, initial weight "
+        f"({rate}, cosine, {config.train.warmup_steps} warm-up steps, initial weight "
         f"std {config.model.initializer_range:g}, unless a row says otherwise), {config.seeds} seeds per row "
         f"({', '.join(map(str, seeds))}). "
         f"Training text: {payload['corpus']}. Evaluation: the first {config.eval_tokens} bytes of the held-out "
@@ -301,6 +379,7 @@ def render_from_scratch(payload: dict[str, Any], config: LengthGeneralisationCon
         "",
         markdown_table(summary, config.length_names, payload["floors"]),
         "",
+        *grid,
         *notes,
         *closing_lines(payload["verdict"], payload["why"], config.context_length,
                        f"Wall time {payload['wall_seconds'] / 60:.1f} min ({payload['seconds_in_runs'] / 60:.1f} min "
@@ -323,15 +402,26 @@ def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[s
                      out: str | Path, work: str | Path, command: str, *, experiment: str,
                      experiment_config: dict[str, Any], config_object: Any = None, corpus: Corpus | None = None,
                      progress: bool = True, plot: Callable[[Summary, dict[str, float], Path], None] | None = None,
-                     **_: Any) -> dict[str, Any]:
+                     rate_grid: Sequence[float] = (), **_: Any) -> dict[str, Any]:
     """Train every arm × seed from scratch on ``config``'s data, evaluate at ``config``'s lengths and write the
     report (``results.json``, and ``results.md`` rendered from it by the ``experiment`` module's ``analyse`` and
     ``render`` with ``config_object``, the experiment's own settings; ``heldout_loss.png``, or what ``plot``
-    (summary, floors, out) draws instead)."""
+    (summary, floors, out) draws instead).
+
+    ``rate_grid``: first every arm at each of these peak rates with the first seed (:func:`choose_rates`), then
+    every row at the rate chosen on the validation text, with every seed (the first seed's run is the grid's);
+    the report gains ``grid`` (those runs) and ``chosen_rates``. Empty: each arm at its own rate."""
     start = time.perf_counter()
     out, work, corpus, prepared = begin(config, out, work, corpus)
-    grid = arm_cells(config, arms, prepared, work, experiment=experiment)
-    results = run_cells(grid, desc=f"{experiment} ({config.size})", progress=progress)
+    fields: dict[str, Any] = {}
+    if rate_grid:
+        chosen, grid = choose_rates(config, arms, rate_grid, prepared, work, experiment, progress=progress)
+        arms = {label: (spec, model, dataclasses.replace(train, learning_rate=chosen[label]))
+                for label, (spec, model, train) in arms.items()}
+        fields = {"rate_grid": list(rate_grid), "chosen_rates": chosen,
+                  "grid": [{k: v for k, v in r.items() if k != "model_dir"} for r in grid]}
+    cells = arm_cells(config, arms, prepared, work, experiment=experiment, validate=bool(rate_grid))
+    results = run_cells(cells, desc=f"{experiment} ({config.size})", progress=progress)
     summary = Summary.from_results(results, config.eval_lengths)
     first = {r["label"]: r["model_dir"] for r in results if r["seed"] == config.first_seed}
     why = diagnose(first, prepared["eval_ids"][: config.diagnostic_tokens], config.context_length,
@@ -340,7 +430,10 @@ def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[s
     elapsed = time.perf_counter() - start
     payload = make_payload(experiment, command, experiment_config, corpus.name,
                            "held-out cross-entropy in nats per byte (perplexity = exp)", floors, results, elapsed,
-                           summary=summary.to_dict(), why=why)
+                           summary=summary.to_dict(), **fields, why=why)
+    if rate_grid:  # the grid's runs at the rates not chosen (the chosen one's is a row's first seed)
+        payload["seconds_in_runs"] += sum(r["seconds"] for r in fields["grid"]
+                                          if r["learning_rate"] != fields["chosen_rates"][r["label"]])
     publish(out, payload, config if config_object is None else config_object)
     if plot is not None:
         plot(summary, floors, out)

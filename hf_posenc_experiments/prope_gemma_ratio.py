@@ -27,7 +27,7 @@ from .claims import (
 )
 from .config import GEMMA_THETA_PER_LENGTH, PropeGemmaRatioConfig
 from .corpus import Corpus
-from .length_generalisation import judge, render_from_scratch, run_from_scratch, undecided
+from .length_generalisation import grid_tuning, judge, render_from_scratch, run_from_scratch, undecided
 from .report import NEGLIGIBLE, Tests, analysis, plot_settings, tests_explained
 from .runner import Summary
 from .stats import Difference, t_quantile
@@ -137,10 +137,11 @@ def verdict(summary: Summary, floors: dict[str, float], config: PropeGemmaRatioC
 
 
 def paper_claims(summary: Summary, floors: dict[str, float], config: PropeGemmaRatioConfig, why: dict[str, Any],
-                 tests: Tests) -> list[Claim]:
+                 tests: Tests, payload: dict[str, Any] | None = None) -> list[Claim]:
     """The p-RoPE paper's Table 2 claims at the training length (and the position-generalization paper's
     diagnostics), each with its paired intervals. Where RoPE is not detectably below the bigram floor the models
-    hardly use context, so no claim about positional encodings can be tested (whatever the intervals say)."""
+    hardly use context, so no claim about positional encodings can be tested (whatever the intervals say).
+    ``payload``: the report, whose rate grid (``grid``) is each claim's tuning record where it has one."""
     L, rows = config.context_length, summary.rows
     out: list[Claim] = []
 
@@ -154,7 +155,9 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: PropeGemmaR
     reach_text = (f"the frequencies the arms stop turn up to "
                   f"{angle(max(turns(config.schemes[P25], config.model.head_dim, config.model.rope_theta, L)))} "
                   f"rad over L at Gemma's θ / L" if P25 in config.schemes else "Gemma's θ / L")
-    tuning = fixed_rates(rates, reach_text, True)  # the angles reach the paper's (the module docstring)
+    # the angles reach the paper's (the module docstring)
+    tuning = (grid_tuning(payload, list(rows), config.train.steps, reach_text, True)
+              if payload is not None and "grid" in payload else fixed_rates(rates, reach_text, True))
     others = [r for r in (REFERENCE, P75, P25) if r in rows]
     if NOPE in rows and others:
         evidence = [(diff(NOPE, r), +1) for r in others]
@@ -227,7 +230,7 @@ def analyse(payload: dict[str, Any], config: PropeGemmaRatioConfig) -> dict[str,
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     tests = Tests()
     return analysis(tests, verdict(summary, payload["floors"], config, tests),
-                    paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests))
+                    paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests, payload))
 
 
 def difference_table(summary: Summary, L: int) -> list[str]:
@@ -290,4 +293,4 @@ def run(config: PropeGemmaRatioConfig, out: str | Path, work: str | Path, comman
     arms = {label: (spec, config.model, config.train) for label, spec in config.schemes.items()}
     return run_from_scratch(config, arms, out, work, command, corpus=corpus, progress=progress,
                             experiment=config.name, experiment_config=config.to_dict(), config_object=config,
-                            plot=plot(config))
+                            plot=plot(config), rate_grid=config.rate_grid)

@@ -123,6 +123,31 @@ def train_and_evaluate(recipe: Any, log_path: Path) -> dict[str, Any]:
     }
 
 
+def score(model: Any, text: str, length: int, tokens: int) -> float:
+    """Held-out loss (nats per byte) of ``model`` on ``text`` at ``length``: disjoint windows over its first
+    ``tokens`` bytes, as the recipes' own evaluation."""
+    from hf_posenc.evaluation import evaluate
+
+    from .tokenizer import byte_tokenizer
+
+    result = evaluate({"checkpoint": model}, byte_tokenizer(), tasks=("ppl",), lengths=[length], text=text,
+                      stride=length, max_tokens=tokens, progress=False).to_dict()
+    [scored] = result["perplexity"]
+    return float(scored["nll"])
+
+
+def validation_loss(model_dir: str | Path, validation_file: str | Path, length: int, tokens: int) -> float:
+    """:func:`score` of the model saved in ``model_dir`` on the validation text (``validation_file``) at
+    ``length``: what a rate grid chooses on, never the scored text."""
+    import hf_posenc  # noqa: F401  (registers the patched model types)
+    import torch
+    from hf_posenc.models import load_model
+
+    model = load_model(str(model_dir))
+    with torch.no_grad():
+        return score(model, Path(validation_file).read_text(), length, tokens)
+
+
 @dataclass
 class Cell:
     """One (scheme, seed) run of an experiment."""

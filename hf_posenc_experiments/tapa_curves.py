@@ -36,7 +36,7 @@ from .corpus import Corpus
 from .length_generalisation import begin
 from .report import TABLE_NOTE, Tests, analysis, fmt, make_payload, markdown_table, plot_settings, publish, \
     tests_explained
-from .runner import Cell, Summary, build_recipe, run_cells, slug, train_and_evaluate
+from .runner import Cell, Summary, build_recipe, run_cells, score, slug, train_and_evaluate
 from .stats import Difference, compare
 from .tokenizer import VOCAB_SIZE
 
@@ -45,19 +45,6 @@ SETUP, METHOD, NEITHER, NO_TEST = "the setup", "the method", "neither", "no test
 
 
 # -- the cells --------------------------------------------------------------------------------------------------
-def score(model: Any, text: str, length: int, tokens: int) -> float:
-    """Held-out loss (nats per byte) of ``model`` on ``text`` at ``length``: disjoint windows over its first
-    ``tokens`` bytes, as the recipes' own evaluation."""
-    from hf_posenc.evaluation import evaluate
-
-    from .tokenizer import byte_tokenizer
-
-    result = evaluate({"checkpoint": model}, byte_tokenizer(), tasks=("ppl",), lengths=[length], text=text,
-                      stride=length, max_tokens=tokens, progress=False).to_dict()
-    [scored] = result["perplexity"]
-    return float(scored["nll"])
-
-
 def score_checkpoints(run_dir: Path, config: TapaCurvesConfig, prepared: dict[str, Any]) -> dict[str, Any]:
     """Per checkpoint (str(step) -> ...): the held-out loss at L, the phase diagnostic of a TAPA model
     (:func:`hf_posenc.diagnostics.phase_regime` on the first ``diagnostic_tokens`` held-out bytes, windows of L;

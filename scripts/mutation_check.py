@@ -499,6 +499,20 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the converter's registry is keyed by the architecture class config.json names (MistralForCausalLM -> llama)",
     ),
     Mutation(
+        "rate-grid-chooses-on-the-scored-text", "hf_posenc_experiments/length_generalisation.py",
+        'validation_loss(result["model_dir"], prepared["validation_file"]',
+        'validation_loss(result["model_dir"], prepared["eval_file"]',
+        ("tests/test_experiments.py::test_prope_gemma_ratio_toy_end_to_end",),
+        "a rate chosen on the text it is judged by would favour each row on its own score: the validation text",
+    ),
+    Mutation(
+        "rate-grid-rows-keep-their-own-rate", "hf_posenc_experiments/length_generalisation.py",
+        "(spec, model, dataclasses.replace(train, learning_rate=chosen[label]))",
+        "(spec, model, train)",
+        ("tests/test_experiments.py::test_prope_gemma_ratio_toy_end_to_end",),
+        "after the grid every row's seeds run at the rate it chose, not at the preset's",
+    ),
+    Mutation(
         "quantizer-log-keeps-llama-cpp-pythons-verbosity", "hf_posenc/gguf_export.py",
         "    logger.setLevel(logging.DEBUG)\n",
         "",

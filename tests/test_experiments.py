@@ -361,15 +361,34 @@ def test_prope_gemma_ratio_toy_end_to_end(austen, tmp_path):
     config = PropeGemmaRatioConfig.preset("toy", seeds=1)
     assert [r["label"] for r in data["runs"]] == list(config.schemes) == ["RoPE", "p-RoPE 0.75", "p-RoPE 0.25", "NoPE"]
     assert all(list(r["perplexity"]) == [str(config.context_length)] for r in data["runs"])  # scored at L only
-    saved = json.loads((work / "runs" / slug("p-RoPE 0.75") / "seed0" / "run" / "model" / "config.json").read_text())
+    # the rate grid: every row at each rate with seed 0, scored on the validation text; each row at its choice
+    grid = {(r["label"], r["learning_rate"]): r for r in data["grid"]}
+    assert set(grid) == {(label, rate) for label in config.schemes for rate in config.rate_grid}
+    for label in config.schemes:
+        validation = {rate: grid[label, rate]["validation"] for rate in config.rate_grid}
+        assert all(v is not None and 0 < v < 10 for v in validation.values()), validation
+        scored = {rate: grid[label, rate]["perplexity"][str(config.context_length)]["nll"] for rate in config.rate_grid}
+        assert all(abs(validation[r] - scored[r]) > 1e-6 for r in config.rate_grid)  # another text than the scored
+        assert data["chosen_rates"][label] == min(validation, key=validation.get)
+    for run in data["runs"]:  # the row's seed-0 run is the grid's run at the chosen rate, not a retraining
+        assert run["learning_rate"] == data["chosen_rates"][run["label"]]
+        assert run["perplexity"] == grid[run["label"], run["learning_rate"]]["perplexity"]
+    rate = data["chosen_rates"]["p-RoPE 0.75"]
+    saved = json.loads((work / "runs" / slug("p-RoPE 0.75") / f"lr{rate:g}" / "seed0" / "run" / "model" /
+                        "config.json").read_text())
     assert saved["rope_parameters"]["rope_theta"] == config.model.rope_theta == 20  # Gemma's θ / L = 1.22 at L = 16
     nll = {r["label"]: r["perplexity"][str(config.context_length)]["nll"] for r in data["runs"]}
     assert len(set(nll.values())) == len(nll)  # each scheme applied: no two rows score alike bit for bit
     markdown = (out / "results.md").read_text()
     assert "Setting: θ = 20 at L = 16" in markdown and "| p-RoPE 0.75 |" in markdown
+    assert "Rate grid at the final budget" in markdown and "| row | validation at lr 0.001 |" in markdown
     starts = ("NoPE has the highest", "0.25-RoPE has a higher", "0.75-RoPE is no worse", "0.75-RoPE has a lower")
     claims = [c["claim"] for c in data["claims"]][:4]
     assert len(claims) == 4 and all(c.startswith(s) for c, s in zip(claims, starts)), claims
+    for claim in data["claims"][:4]:  # each comparison's record: every row tried the grid, chosen on validation
+        tuning = claim["tuning"]
+        assert tuning["validated"] and set(tuning["rates"]) == set(config.schemes), tuning
+        assert all(tuple(r) == tuple(sorted(config.rate_grid)) for r in tuning["rates"].values())
     for name in ("heldout_loss.png", "difference_from_rope.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -402,6 +421,14 @@ def test_prope_gemma_ratio_settings_and_what_the_design_can_detect():
     claims = paper_claims(_summary(rows), {"bigram": 2.4}, config, {}, Tests())
     assert [c.status for c in claims] == ["confirmed", "confirmed", "confirmed", "cannot be tested at this scale"]
     assert "non-inferiority" in claims[2].reason and "outside the interval" in claims[3].reason
+    # 0.75-RoPE detectably worse: "refuted" only where every row tried the same rate grid (the report's grid)
+    worse = {**rows, "p-RoPE 0.75": {64: [1.850, 1.861, 1.842, 1.853]}}
+    grid = {"grid": [{"label": label, "learning_rate": rate} for label in worse for rate in config.rate_grid]}
+    no_worse = paper_claims(_summary(worse), {"bigram": 2.4}, config, {}, Tests(), grid)[2]
+    assert no_worse.status == "refuted" and no_worse.tuning.fair and no_worse.tuning.validated
+    assert no_worse.tuning.rates["p-RoPE 0.75"] == tuple(sorted(config.rate_grid))
+    unfair = paper_claims(_summary(worse), {"bigram": 2.4}, config, {}, Tests())[2]  # one rate each, no grid
+    assert unfair.status == "not tested fairly at this scale" and "learning-rate grid" in unfair.reason
     # models that do not use context (RoPE not below the bigram floor) test nothing about positions
     claims = paper_claims(_summary(rows), {"bigram": 1.7}, config, {}, Tests())
     assert {c.status for c in claims} == {"cannot be tested at this scale"}
