@@ -879,11 +879,11 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the windows of one length run as one batch: each row's losses belong to the window it holds",
     ),
     Mutation(
-        "training-command-exits-with-its-process-group", "hf_posenc/training/cli.py",
-        "            result = run_training(recipe, resume=args.resume)\n        _leave_process_group()\n",
-        "            result = run_training(recipe, resume=args.resume)\n",
-        ("tests/test_training.py::test_a_finished_run_leaves_its_process_group",),
-        "a launched rank that exits with its gloo group alive can abort in the interpreter's shutdown",
+        "launched-rank-ends-in-the-interpreters-shutdown", "hf_posenc/training/cli.py",
+        "    end_launched_rank(status)\n",
+        "",
+        ("tests/test_training.py::test_a_launched_rank_that_succeeded_ends_without_the_interpreters_shutdown",),
+        "a launched rank that succeeded can still abort in the interpreter's shutdown (C++ destructors, SIGABRT)",
     ),
 )
 

@@ -350,9 +350,8 @@ if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true":
            "bf16": parsed.bfloat16_config.enabled}}
 if int(os.environ.get("RANK", "0")) == 0:
     print("CONFIG" + json.dumps(out))
-import torch.distributed as dist
-if dist.is_initialized():  # a gloo group alive at exit can abort the interpreter's shutdown
-    dist.destroy_process_group()
+sys.stdout.flush()
+os._exit(0)  # as a launched `hf-posenc train` rank: the interpreter's shutdown can abort a DeepSpeed rank (SIGABRT)
 """
 
 

@@ -33,7 +33,6 @@ def run_train(args: argparse.Namespace) -> int:
         with warnings.catch_warnings():
             warnings.simplefilter("default")
             result = run_training(recipe, resume=args.resume)
-        _leave_process_group()
     except RecipeError as exc:
         print(f"hf-posenc train: {exc}", file=sys.stderr)
         return 2
@@ -52,18 +51,23 @@ def run_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _leave_process_group() -> None:
-    """Destroy the process group a distributed launch set up (the Trainer's, through accelerate), once this rank's
-    part of the run is done: every collective is behind it (the last is the barrier after the save), and what is
-    left runs on the main process alone. A process that exits with its gloo group alive can abort in the
-    interpreter's shutdown (``terminate called without an active exception``, SIGABRT: gloo's worker threads are
-    still joinable), which fails a launch whose training succeeded; PyTorch's documentation asks every process to
-    call ``destroy_process_group`` at the end. Destroying a group is local to the process, so a rank that finishes
-    before the main process does not wait for it."""
-    import torch.distributed as dist
+def end_launched_rank(code: int) -> None:
+    """End this process now, with ``code``, where it is one rank of a distributed launch (``WORLD_SIZE`` > 1) whose
+    command succeeded: its output flushed and its log handlers closed, then ``os._exit``, skipping the interpreter's
+    shutdown. There a rank of a DeepSpeed launch on the CPU can abort after its training and save succeeded
+    (``terminate called without an active exception``, SIGABRT from C++ threads of the distributed stack still
+    joinable in their destructors; seen in ZeRO-3 launches with and without its process group destroyed first),
+    which fails the whole launch. Every file the run writes is closed before its command returns. A failure, or a
+    process outside a launch, returns and exits the usual way."""
+    import logging
+    import os
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if code != 0 or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    logging.shutdown()
+    os._exit(code)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,4 +77,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    end_launched_rank(status)
+    sys.exit(status)
