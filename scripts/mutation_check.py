@@ -499,6 +499,13 @@ MUTATIONS: tuple[Mutation, ...] = (
         "the converter's registry is keyed by the architecture class config.json names (MistralForCausalLM -> llama)",
     ),
     Mutation(
+        "tapa-chunked-drops-a-workers-key-gradients", "hf_posenc/kernels/tapa/chunked.py",
+        "    for other in per_worker[1:]:\n",
+        "    for other in per_worker[1:-1]:\n",
+        ("tests/test_tapa_chunked.py::test_worker_threads_give_the_single_thread_result",),
+        "dK and dV are summed over every worker's partials: one left out is a wrong gradient with threads only",
+    ),
+    Mutation(
         "rate-grid-chooses-on-the-scored-text", "hf_posenc_experiments/length_generalisation.py",
         'validation_loss(result["model_dir"], prepared["validation_file"]',
         'validation_loss(result["model_dir"], prepared["eval_file"]',

@@ -283,8 +283,11 @@ def test_worker_threads_give_the_single_thread_result(threads, monkeypatch):
         assert torch.get_num_threads() == n  # the caller's setting survives the workers
     one, three = results
     assert torch.equal(one[0], three[0]) and torch.equal(one[1], three[1])  # forward and dq: same arithmetic
-    for a, b in zip(one[2:], three[2:]):  # dk, dv: per-worker partial sums, added in another order
-        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6)
+    # dk, dv: the 10 query blocks' partial sums, added per worker and then across workers in another order, so
+    # they differ by float32 rounding of the partials' size (measured up to 1.3e-6, 6.4e-6 relative, on 2 cores);
+    # one worker's partial sums dropped moves an element by up to 21 here
+    for a, b in zip(one[2:], three[2:]):
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("mode", ["no_grad", "inference_mode", "autocast_bf16"])
