@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hf_posenc.schemes.spec import parse_scheme_spec
@@ -132,6 +132,9 @@ class Tuning:
             for CoPE / p-RoPE, the phase at distance 1 and the training budget for TAPA, the parameter ratio for
             TAPE).
         regime_reached: the design reaches the paper's regime on that axis.
+        chosen: arm -> the rate its validation loss chose from ``rates`` (empty: not recorded). An arm whose
+            choice is the grid's highest or lowest rate has not had its best rate found (a rate beyond the edge
+            might do better), so the comparison is not a fair test until the grid brackets it.
     """
 
     rates: dict[str, tuple[float, ...]]
@@ -140,6 +143,17 @@ class Tuning:
     flattened: bool | None
     regime: str
     regime_reached: bool
+    chosen: dict[str, float] = field(default_factory=dict)
+
+    def at_edge(self) -> dict[str, str]:
+        """arm -> ``"highest"`` or ``"lowest"`` for every arm whose chosen rate is that end of a grid of two or more
+        rates."""
+        out = {}
+        for arm, rate in self.chosen.items():
+            tried = self.rates.get(arm, ())
+            if len(tried) >= 2 and rate in (min(tried), max(tried)):
+                out[arm] = "highest" if rate == max(tried) else "lowest"
+        return out
 
     def missing(self) -> list[str]:
         """What keeps this comparison from being a fair test (empty: a fair one)."""
@@ -152,6 +166,10 @@ class Tuning:
             out.append("the same number of learning rates tried for every arm")
         elif not self.validated:
             out.append("each arm's rate chosen on a validation split")
+        edge = self.at_edge()
+        if edge:
+            out.append("a grid that brackets each arm's best rate (chosen at the grid's edge: "
+                       + ", ".join(f"{arm} ({side})" for arm, side in edge.items()) + ")")
         if len(set(self.steps.values())) > 1:
             out.append("the same steps for every arm")
         if not self.regime_reached:
@@ -165,7 +183,7 @@ class Tuning:
     def describe(self) -> str:
         """The budget in words: rates tried and steps per arm, the reference's curve, the regime."""
         arms = "; ".join(f"{arm}: {'/'.join(f'{r:g}' for r in self.rates[arm])} x {self.steps.get(arm, 0):,} steps"
-                         for arm in self.rates)
+                         + (f" (chose {self.chosen[arm]:g})" if arm in self.chosen else "") for arm in self.rates)
         curve = {True: "flattened", False: "still falling", None: "not measured"}[self.flattened]
         return (f"tuning: {arms}; rate chosen on {'a validation split' if self.validated else 'no validation split'}; "
                 f"the reference's curve {curve}; regime: {self.regime}")

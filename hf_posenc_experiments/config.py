@@ -29,6 +29,11 @@ LENGTH_GENERALISATION_SCHEMES: dict[str, str] = {
     "TAPA quadratic": "tapa:phase=quadratic",
     "TAPA linear": "tapa:phase=linear",
 }
+# the peak rates every row of the length-generalisation experiment tries at the final budget (seed 0, chosen on the
+# validation text), fixed before the runs: the preset's 3e-3 and a factor of about 3 either side; the lowest is the
+# rate the TAPA sweep found best for TAPA (examples/experiments/tapa-trainability) and near the TAPA paper's ratio
+# (TAPA at a fifth of RoPE's rate: 6e-4 against 3e-3). The toy (CI) tries two, to keep its runs few
+LENGTH_GENERALISATION_RATES: dict[str, tuple[float, ...]] = {"toy": (3e-3, 1e-2), "small": (1e-3, 3e-3, 1e-2)}
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,45 @@ class TrainSettings:
         return {}
 
 
+LEFT_OUT_AT_DEFAULT = "hf_posenc_left_out_at_default"  # dataclass field metadata key: see optional_setting
+
+
+def optional_setting(default: Any) -> Any:
+    """A dataclass field for a setting whose default means "not used" (an empty rate grid: every arm at its own
+    rate): at that default it is left out of :func:`settings_dict`, and so of the settings' fingerprint, which is
+    then the fingerprint of the same settings without the field, so reports run before the setting existed (and the
+    experiments that nest these settings without using it) keep theirs; any other value is written and
+    fingerprinted."""
+    return field(default=default, metadata={LEFT_OUT_AT_DEFAULT: True})
+
+
+def settings_dict(settings: Any) -> dict[str, Any]:
+    """``dataclasses.asdict(settings)`` without the :func:`optional_setting` fields that hold their default, at any
+    depth (nested settings, and settings inside dicts, lists and tuples): what ``to_dict`` writes to a report and
+    what its fingerprint is computed from."""
+    out = dataclasses.asdict(settings)
+    _leave_out_defaults(settings, out)
+    return out
+
+
+def _leave_out_defaults(value: Any, converted: Any) -> None:
+    """Delete from ``converted`` (``dataclasses.asdict`` of ``value``, or a part of it) every optional setting at
+    its default, walking ``value`` and ``converted`` side by side."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        for f in dataclasses.fields(value):
+            item = getattr(value, f.name)
+            if f.metadata.get(LEFT_OUT_AT_DEFAULT) and item == f.default:
+                del converted[f.name]
+            else:
+                _leave_out_defaults(item, converted[f.name])
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _leave_out_defaults(item, converted[key])
+    elif isinstance(value, (list, tuple)):
+        for item, part in zip(value, converted):
+            _leave_out_defaults(item, part)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExperimentSettings:
     """What every miniature experiment has: the lengths, the held-out evaluation, the model and the seeds.
@@ -154,7 +198,7 @@ class ExperimentSettings:
         return list(getattr(self, "schemes", {}).values())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, **dataclasses.asdict(self)}
+        return {"experiment": self.name, **settings_dict(self)}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,17 +210,36 @@ class LengthGeneralisationConfig(ExperimentSettings):
     Attributes:
         train: the optimisation.
         schemes: report label -> scheme spec.
+        rate_grid: the peak rates every row tries at the final budget with the first seed, scored on the
+            validation text; each row's seeds then run at the rate of its lowest validation loss
+            (:func:`.length_generalisation.choose_rates`). Empty (the default, and what the experiments built on
+            these settings use): every row at ``train.learning_rate``.
     """
 
     train: TrainSettings
     schemes: dict[str, str] = field(default_factory=lambda: dict(LENGTH_GENERALISATION_SCHEMES))
+    rate_grid: tuple[float, ...] = optional_setting(())
 
     name = "length_generalisation"
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.rate_grid and (len(set(self.rate_grid)) < 2 or not all(rate > 0 for rate in self.rate_grid)):
+            raise ValueError(f"rate_grid must be empty or hold at least two different rates > 0, got "
+                             f"{self.rate_grid}")
+
     @classmethod
     def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> LengthGeneralisationConfig:
-        """``toy``: seconds per run, for the CI smoke test; ``small``: the committed experiment (about 11 min with
-        3 seeds on 2 idle CPU cores)."""
+        """The experiment: :meth:`shared_preset` with the rate grid of ``size``
+        (:data:`LENGTH_GENERALISATION_RATES`). ``toy``: seconds per run, for the CI smoke test; ``small``: the
+        committed experiment (9.9 min with 3 seeds and its grid on 2 idle CPU cores with ``--jobs 2``)."""
+        base = cls.shared_preset(size, seeds=seeds, first_seed=first_seed)
+        return dataclasses.replace(base, rate_grid=LENGTH_GENERALISATION_RATES[size])
+
+    @classmethod
+    def shared_preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> LengthGeneralisationConfig:
+        """The settings of ``size`` without a rate grid: the data, model and optimisation the experiments built on
+        these settings start from (each sets its own rates). Refuses the GPU sizes and unknown ones."""
         if size == "toy":
             return cls(size="toy", context_length=16, eval_multiples=(1, 2, 4, 8), eval_tokens=1024,
                        train_chars=4096, model=ModelSettings(32, 64, 1, 2, 16),
@@ -271,14 +334,14 @@ class TapaTrainabilityConfig:
     @classmethod
     def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapaTrainabilityConfig:
         """The sweep on the length-generalisation preset of the same size (``small``: about 25 min, 3 seeds)."""
-        return cls(base=LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed))
+        return cls(base=LengthGeneralisationConfig.shared_preset(size, seeds=seeds, first_seed=first_seed))
 
     def arms(self) -> dict[str, tuple[str, ModelSettings, TrainSettings]]:
         """label -> (scheme spec, model settings, optimisation settings)."""
         return {label: (v.spec, *v.apply(self.base.model, self.base.train)) for label, v in self.variants.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, **dataclasses.asdict(self)}
+        return {"experiment": self.name, **settings_dict(self)}
 
 
 # label -> scheme spec of the continued training at 4L (factor 4 where a scheme takes one; ABF raises θ 100x)
@@ -352,7 +415,7 @@ class ContextExtensionConfig(ExtensionSettings):
         """The length-generalisation preset's L, text, model and optimisation (here the base's pretraining),
         continued at 4L. ``toy``: seconds per run (CI smoke test; passkey at 16L = 256 bytes, the shortest prompt
         that fits); ``small``: the committed experiment (L = 64, continued at 256 bytes)."""
-        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        base = LengthGeneralisationConfig.shared_preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
         shared = dict(size=size, context_length=base.context_length, extension_factor=4, eval_tokens=base.eval_tokens,
                       train_chars=base.train_chars, model=base.model, pretrain=base.train, seeds=seeds,
                       first_seed=first_seed)
@@ -424,7 +487,7 @@ class PropeGemmaRatioConfig(LengthGeneralisationConfig):
         defaults to :data:`PROPE_GEMMA_RATIO_SEEDS`. ``small``: 9.3 min with 10 seeds and its rate grid on 2 idle CPU
         cores with ``--jobs 2`` (48 runs)."""
         seeds = PROPE_GEMMA_RATIO_SEEDS if seeds is None else seeds
-        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        base = LengthGeneralisationConfig.shared_preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
         theta = float(round(GEMMA_THETA_PER_LENGTH * base.context_length))
         return cls(size=size, context_length=base.context_length, eval_multiples=(1,),
                    eval_tokens=base.eval_tokens if size == "toy" else 65536, train_chars=base.train_chars,
@@ -481,7 +544,7 @@ class TapaDepthConfig:
     def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> TapaDepthConfig:
         """``toy``: seconds (CI); ``small``: the committed experiment (depths 2 and 4, 1,500 steps, about 25 min
         with 3 seeds on 2 idle CPU cores)."""
-        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        base = LengthGeneralisationConfig.shared_preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
         steps, depths = (base.train.steps, (1, 2)) if size == "toy" else (1500, (2, 4))
         base = dataclasses.replace(base, eval_multiples=(1, 8), train=dataclasses.replace(base.train, steps=steps),
                                    diagnostic_tokens=256 if size == "toy" else base.diagnostic_tokens)
@@ -507,7 +570,7 @@ class TapaDepthConfig:
         return out
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, **dataclasses.asdict(self)}
+        return {"experiment": self.name, **settings_dict(self)}
 
 
 @dataclass(frozen=True)
@@ -666,7 +729,7 @@ class TapaScaleConfig:
         return {label: (v.spec, *v.apply(self.base.model, self.base.train)) for label, v in self.variants.items()}
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, **dataclasses.asdict(self)}
+        return {"experiment": self.name, **settings_dict(self)}
 
 
 # TAPE on reversed-digit addition (issue #33 §3): the TAPE paper's arithmetic experiment (appendix C, Fig. 5)
@@ -799,7 +862,7 @@ class TapeArithmeticConfig:
         raise ValueError(f"unknown size {size!r}; choose from {', '.join(SIZES)}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, **dataclasses.asdict(self)}
+        return {"experiment": self.name, **settings_dict(self)}
 
 
 # CoPE's claim where it can show (issue #33 §2): the CoPE paper continues Llama-3-8B at 64k tokens after raising the
@@ -913,7 +976,7 @@ class CopePasskeyConfig(ExtensionSettings):
         """``small``: the experiment (about 20 min with 3 seeds on 2 idle CPU cores, estimated); ``toy``: seconds
         (CI); ``gpu`` is refused as by the other CPU experiments."""
         if size not in ("toy", "small"):
-            LengthGeneralisationConfig.preset(size)  # refuses gpu (naming --size small) and unknown sizes
+            LengthGeneralisationConfig.shared_preset(size)  # refuses gpu (naming --size small) and unknown sizes
         base = ContextExtensionConfig.preset("small", seeds=seeds, first_seed=first_seed)
         L, factor = base.context_length, 4
         theta = COPE_PAPER_THETA / COPE_PAPER_LENGTH * factor * L
@@ -1322,7 +1385,7 @@ class TapaCurvesConfig:
         checkpoints and phase diagnostic included), so a 4,000-step cell takes 1.7-2.1 min (RoPE, NoPE) and 1.9-2.6
         min (TAPA): the 15 main cells and 3 grid cells, two at a time, about 16-21 min with 3 seeds and --jobs 2
         (32-42 min with --jobs 1)."""
-        base = LengthGeneralisationConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
+        base = LengthGeneralisationConfig.shared_preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
         steps, checkpoints = (4, (1, 2, 4)) if size == "toy" else (4000, (1000, 2000, 4000))
         train = ConstantTrainSettings(steps=steps, batch_size=base.train.batch_size,
                                       learning_rate=base.train.learning_rate, warmup_steps=base.train.warmup_steps,
@@ -1362,7 +1425,7 @@ class TapaCurvesConfig:
         return math.gcd(*self.checkpoints)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"experiment": self.name, **dataclasses.asdict(self)}
+        return {"experiment": self.name, **settings_dict(self)}
 
 
 # every experiment's configuration (its name is its module's and the command line's)

@@ -138,11 +138,14 @@ def choose_rates(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, 
 def grid_tuning(payload: dict[str, Any], labels: Sequence[str], steps: int, regime: str, regime_reached: bool
                 ) -> Tuning:
     """The tuning record of ``labels`` in a report whose rows each ran ``steps`` at the rate its grid chose
-    (``payload``'s ``grid``: every rate tried at the final budget, the choice on the validation text)."""
+    (``payload``'s ``grid``: every rate tried at the final budget, the choice on the validation text; its
+    ``chosen_rates``: each row's choice)."""
     return Tuning(rates={label: tuple(sorted({r["learning_rate"] for r in payload["grid"] if r["label"] == label}))
                          for label in labels},
                   steps={label: steps for label in labels}, validated=True, flattened=None, regime=regime,
-                  regime_reached=regime_reached)
+                  regime_reached=regime_reached,
+                  chosen={label: payload["chosen_rates"][label] for label in labels
+                          if label in payload.get("chosen_rates", {})})
 
 
 def grid_table(payload: dict[str, Any]) -> list[str]:
@@ -209,9 +212,12 @@ def undecided(evidence: Sequence[Difference]) -> str:
 
 
 def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGeneralisationConfig,
-                 why: dict[str, Any], tests: Tests) -> list[Claim]:
+                 why: dict[str, Any], tests: Tests, grid: dict[str, Any] | None = None) -> list[Claim]:
     """One :class:`.claims.Claim` per claim of the CoPE, p-RoPE, TAPA and position-generalization papers that this
-    experiment's rows speak to, with the intervals (recorded in ``tests``) or the reason it cannot test them."""
+    experiment's rows speak to, with the intervals (recorded in ``tests``) or the reason it cannot test them.
+
+    ``grid``: the report's rate grid (its ``grid`` entry, :func:`choose_rates`) when each row ran at the rate it
+    chose; a comparison's tuning record is then :func:`grid_tuning`'s, else every row at ``config``'s one rate."""
     L, longest = config.context_length, summary.lengths[-1]
     k = longest // L
     rows, model = summary.rows, config.model
@@ -221,7 +227,9 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGener
     def diff(name: str, a: str, b: str | float, length: int, higher: str, lower: str) -> str:
         return tests.line([(name, summary.diff(a, b, length), higher, lower)])
 
-    def fixed(labels: Sequence[str], regime: str, reached: bool) -> Tuning:  # every row at the same single rate
+    def tuned(labels: Sequence[str], regime: str, reached: bool) -> Tuning:  # the grid's record, or one rate each
+        if grid is not None:
+            return grid_tuning(grid, labels, config.train.steps, regime, reached)
         return fixed_rates({label: (config.train.learning_rate, config.train.steps) for label in labels}, regime,
                            reached)
 
@@ -265,7 +273,7 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGener
             "p-RoPE", "0.25-RoPE has a higher perplexity than RoPE at the training length (4.5302 vs 4.4627)",
             status or UNTESTABLE_SCALE, f"{within}, so this one is within reach; "
             + text + ("" if status else f"; {undecided([d])} (the paper's effect is 1.5 %)") + ".",
-            fixed([REFERENCE, "p-RoPE 0.25"], within, True)))
+            tuned([REFERENCE, "p-RoPE 0.25"], within, True)))
     nope_refs = [r for r in (REFERENCE, "p-RoPE 0.75", "p-RoPE 0.25") if r in rows]
     if "NoPE" in rows and nope_refs:
         evidence = [(summary.diff("NoPE", r, L), +1) for r in nope_refs]
@@ -276,7 +284,7 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGener
             "p-RoPE", "NoPE has the highest perplexity at the training length (4.8594, against 4.4627 for RoPE and "
             "4.4414 / 4.5302 for 0.75- / 0.25-RoPE)", status or UNTESTABLE_SCALE,
             text + ("" if status else f"; {undecided([d for d, _ in evidence])}") + ".",
-            fixed(["NoPE", *nope_refs], "NoPE against rotations that turn (RoPE's fastest frequency 1 rad per "
+            tuned(["NoPE", *nope_refs], "NoPE against rotations that turn (RoPE's fastest frequency 1 rad per "
                   "position)", True)))
     tapa = [label for label in ("TAPA quadratic", "TAPA linear") if label in rows]
     if REFERENCE in rows and tapa:
@@ -290,11 +298,12 @@ def paper_claims(summary: Summary, floors: dict[str, float], config: LengthGener
         out.append(Claim.judged(
             "TAPA", "TAPA matches RoPE's perplexity inside the training length (within a few hundredths at 1k-16k)",
             REFUTED if worse else UNTESTABLE_SCALE,
-            ("for this regime (2-layer byte model trained with RoPE's optimisation; the TAPA sweep varies TAPA's "
-             "settings), not the paper's 7B model: " if worse else "")
+            (f"for this regime ({model.num_layers}-layer byte model "
+             + ("with each row at the rate its grid chose" if grid is not None else "trained with RoPE's optimisation")
+             + "; the TAPA sweep varies TAPA's settings), not the paper's 7B model: " if worse else "")
             + diff(f"{main} - RoPE at L", main, REFERENCE, L, "higher loss than RoPE", "lower loss than RoPE")
             + ("" if worse else ", and no difference detected is not a match") + ".",
-            fixed([REFERENCE, main], regime, reached)))
+            tuned([REFERENCE, main], regime, reached)))
         floor = floors["bigram"]
         below = {label: summary.diff(label, floor, L) for label in tapa}
         below = {label: d for label, d in below.items() if d.detected and d.estimate < 0}
@@ -338,7 +347,8 @@ def analyse(payload: dict[str, Any], config: LengthGeneralisationConfig) -> dict
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     tests = Tests()
     return analysis(tests, verdict(summary, payload["floors"], config.context_length, tests),
-                    paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests))
+                    paper_claims(summary, payload["floors"], config, payload.get("why") or {}, tests,
+                                 payload if "grid" in payload else None))
 
 
 def render(payload: dict[str, Any], config: LengthGeneralisationConfig) -> str:
@@ -395,7 +405,8 @@ def run(config: LengthGeneralisationConfig, out: str | Path, work: str | Path, c
     ``out`` and returns the JSON payload. ``corpus`` defaults to the Austen novels."""
     arms = {label: (spec, config.model, config.train) for label, spec in config.schemes.items()}
     return run_from_scratch(config, arms, out, work, command, corpus=corpus, progress=progress,
-                            experiment=config.name, experiment_config=config.to_dict(), config_object=config)
+                            experiment=config.name, experiment_config=config.to_dict(), config_object=config,
+                            rate_grid=config.rate_grid)
 
 
 def run_from_scratch(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, ModelSettings, TrainSettings]],

@@ -348,7 +348,7 @@ def tuning(payload: dict[str, Any], config: TapaCurvesConfig) -> Tuning:
     return Tuning(rates={method: tuple(config.rates) for method in config.methods},
                   steps={method: config.base.train.steps for method in config.methods}, validated=True,
                   flattened=flattened(curve, reference, config) if reference in curve.rows else None,
-                  regime=text, regime_reached=reached)
+                  regime=text, regime_reached=reached, chosen=chosen_rates(payload, config))
 
 
 def paper_claims(payload: dict[str, Any], config: TapaCurvesConfig, tests: Tests) -> list[Claim]:

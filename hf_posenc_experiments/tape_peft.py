@@ -400,7 +400,8 @@ def tuning(payload: dict[str, Any], config: TapePeftConfig, label: str) -> Tunin
               f"{REGIME_FRACTION * paper_ratio():.2f} : 1")
     return Tuning(rates={arm: tuple(config.learning_rates) for arm in compared},
                   steps={arm: config.extend.steps for arm in compared}, validated=True,
-                  flattened=reference_flattened(payload, config), regime=regime, regime_reached=in_paper_regime(value))
+                  flattened=reference_flattened(payload, config), regime=regime, regime_reached=in_paper_regime(value),
+                  chosen={arm: rate for arm, rate in chosen_rates(payload["grid"], config).items() if arm in compared})
 
 
 def rate_line(payload: dict[str, Any], config: TapePeftConfig) -> str:

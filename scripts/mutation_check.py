@@ -520,6 +520,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "after the grid every row's seeds run at the rate it chose, not at the preset's",
     ),
     Mutation(
+        "a-grid-edge-choice-counts-as-tuned", "hf_posenc_experiments/claims.py",
+        "        edge = self.at_edge()\n        if edge:\n",
+        "        edge = self.at_edge()\n        if False:\n",
+        ("tests/test_experiment_claims.py::test_a_negative_reading_without_a_fair_record_is_not_a_fair_test",
+         "tests/test_experiment_claims.py::test_a_choice_inside_the_grid_is_fair_and_named"),
+        "an arm whose best rate is the grid's highest or lowest has not had its best rate found: no fair test",
+    ),
+    Mutation(
+        "settings-fingerprint-keeps-unused-optional-settings", "hf_posenc_experiments/config.py",
+        "            if f.metadata.get(LEFT_OUT_AT_DEFAULT) and item == f.default:",
+        "            if False:",
+        ("tests/test_experiments.py::test_an_optional_setting_at_its_default_leaves_the_settings_and_their_fingerprint_as_without_it",),
+        "the rate grid at its empty default would change the fingerprint of every report that nests these settings",
+    ),
+    Mutation(
         "quantizer-log-keeps-llama-cpp-pythons-verbosity", "hf_posenc/gguf_export.py",
         "    logger.setLevel(logging.DEBUG)\n",
         "",

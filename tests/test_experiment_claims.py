@@ -36,6 +36,8 @@ def test_a_refuted_claim_needs_a_fair_record():
     ({"validated": False}, "each arm's rate chosen on a validation split"),
     ({"steps": {"RoPE": 4000, "TAPA": 200}}, "the same steps for every arm"),
     ({"regime_reached": False}, "the paper's regime (phase at distance 1"),
+    ({"chosen": {"RoPE": 1e-3, "TAPA": 3e-3}}, "a grid that brackets each arm's best rate (chosen at the grid's "
+                                               "edge: RoPE (lowest), TAPA (highest))"),
 ])
 def test_a_negative_reading_without_a_fair_record_is_not_a_fair_test(changes, missing):
     claim = Claim.judged("TAPA", "c", REFUTED, "TAPA - RoPE +0.4 [+0.3, +0.5]", _tuning(**changes))
@@ -51,6 +53,16 @@ def test_a_fair_record_keeps_the_verdict_and_says_its_budget():
         assert claim.status == status
         assert "RoPE: 0.001/0.003 x 4,000 steps" in claim.reason and "the reference's curve flattened" in claim.reason
         assert claim.to_dict()["tuning"]["missing"] == []
+
+
+def test_a_choice_inside_the_grid_is_fair_and_named():
+    inside = _tuning(rates={"RoPE": (1e-3, 3e-3, 1e-2), "TAPA": (1e-3, 3e-3, 1e-2)},
+                     chosen={"RoPE": 3e-3, "TAPA": 3e-3})
+    assert inside.fair and inside.at_edge() == {}
+    assert "RoPE: 0.001/0.003/0.01 x 4,000 steps (chose 0.003)" in inside.describe()
+    one_edge = _tuning(rates=inside.rates, chosen={"RoPE": 3e-3, "TAPA": 1e-2})
+    assert one_edge.at_edge() == {"TAPA": "highest"} and not one_edge.fair
+    assert Claim.from_dict(Claim.judged("TAPA", "c", REFUTED, "worse", one_edge).to_dict()).tuning == one_edge
 
 
 def test_no_committed_report_says_refuted_without_a_fair_record():

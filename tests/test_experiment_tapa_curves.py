@@ -167,10 +167,13 @@ def test_claims_never_refute_without_the_regime(config):
     worse["grid"] = _payload({}, grid)["grid"]
     [claim] = paper_claims(worse, config, Recorder())
     assert claim.status == UNFAIR  # the evidence reads negative, the design is not in the paper's regime
-    assert "a negative reading, not a fair test: missing the paper's regime" in claim.reason
+    assert "a negative reading, not a fair test: missing " in claim.reason and "the paper's regime" in claim.reason
     record = tuning(worse, config)
     assert record.validated and set(record.rates.values()) == {(1e-3, 3e-3)} and len(set(record.steps.values())) == 1
-    assert record.missing() == [f"the paper's regime ({record.regime})"] and "in the paper's unit" in record.regime
+    # a grid of two rates brackets no choice: each method's is one of its ends
+    assert set(record.chosen) == set(config.methods) and set(record.at_edge()) == set(config.methods)
+    assert record.missing()[0].startswith("a grid that brackets each arm's best rate (chosen at the grid's edge: ")
+    assert record.missing()[1:] == [f"the paper's regime ({record.regime})"] and "in the paper's unit" in record.regime
     # the hot start reaches the phase axis, the budget (bytes, not LLaMA-3 tokens) does not
     text, reached = regime(config, 7.0)
     assert not reached and "median phase at distance 1 at init 7.00 rad" in text and "4,096,000 bytes" in text

@@ -325,14 +325,14 @@ def test_r_0_cannot_train_tied_embeddings():
 
 # -- the rate grid, the curve, the flattening ---------------------------------------------------------------------
 def _grid(config, validation: dict[str, list[float]], scored: float = 2.0):
-    """Grid runs on the first base: ``validation[label][i]`` at the i-th rate; the scored loss favours the last rate
-    (it must not decide)."""
+    """Grid runs on the first base: ``validation[label][i]`` at the i-th rate (by default the middle rate wins,
+    inside the grid); the scored loss favours the last rate (it must not decide)."""
     out = []
     for label in config.arms:
         for i, rate in enumerate(config.learning_rates):
             value = scored - 0.1 * i
             out.append({"label": label, "seed": config.bases[0], "learning_rate": rate,
-                        "validation": {"nll": validation.get(label, [1.0, 1.1, 1.2])[i]},
+                        "validation": {"nll": validation.get(label, [1.1, 1.0, 1.2])[i]},
                         "perplexity": {str(n): {"nll": value} for n in config.eval_lengths}})
     return out
 
@@ -348,7 +348,7 @@ def test_each_arms_rate_is_chosen_on_the_validation_text():
     assert chosen[TAPE_PEFT_TAPE] == rates[1] and chosen[lora_label(8)] == rates[2]
     assert chosen[TAPE_PEFT_WIDE] == rates[0]  # a tie: the lower rate
     assert chosen[TAPE_PEFT_CONTROL] == rates[1]  # a diverged run (null) never wins
-    assert chosen[lora_label(1)] == rates[0]  # though its scored loss is lowest at the last rate
+    assert chosen[lora_label(1)] == rates[1]  # though its scored loss is lowest at the last rate
     assert at_edge(rates[2], config) == "highest" and at_edge(rates[0], config) == "lowest"
     assert at_edge(rates[1], config) == ""
     with pytest.raises(ValueError, match="no run of"):
@@ -392,7 +392,7 @@ def _payload(means: dict[str, float], noise: dict[str, list[float]] | None = Non
         for s in config.bases:
             value = means[label] + noise.get(label, [0.01, -0.02, 0.01])[s]
             runs.append({"label": label, "spec": arm.spec, "seed": s, "seconds": 1.0, "final_train_loss": value,
-                         "losses": losses, "learning_rate": config.learning_rates[0],
+                         "losses": losses, "learning_rate": config.learning_rates[1],
                          "perplexity": {str(n): {"nll": value, "ppl": math.exp(value), "num_scored": 1}
                                         for n in config.eval_lengths}})
     trainable = {}
@@ -406,7 +406,7 @@ def _payload(means: dict[str, float], noise: dict[str, list[float]] | None = Non
     payload = {"experiment": "tape_peft", "command": "planted", "config": config.to_dict(), "corpus": "planted",
                "floors": {"unigram": 3.0, "bigram": 2.4}, "runs": runs, "trainable": trainable,
                "base_parameters": 100000, "paper_ratio": paper_ratio(), "grid": _grid(config, {}),
-               "chosen_rates": {label: config.learning_rates[0] for label in config.arms}, "jobs": 2,
+               "chosen_rates": {label: config.learning_rates[1] for label in config.arms}, "jobs": 2,
                "wall_seconds": 60.0, "seconds_in_runs": 50.0, "machine": {"threads": 1},
                "summary": Summary.from_results(runs, config.eval_lengths).to_dict()}
     return config, payload
@@ -448,6 +448,24 @@ def test_tape_claims_read_planted_results(means, noise, statuses, readings):
     markdown = render(payload, config)
     assert all(f"**{s}**" in markdown for s in statuses)
     assert f"| {TAPE_PEFT_WIDE} - LoRA at its count |" in markdown and "| LoRA r=8 - norms only |" in markdown
+
+
+def test_every_arm_at_the_grids_edge_is_not_a_fair_test():
+    """The widened arm worse than LoRA in the paper's regime, but every arm's rate chosen at the grid's highest: no
+    arm's best rate was found, so the reading is "not tested fairly", naming the edge."""
+    from hf_posenc_experiments.tape_peft import analyse
+
+    config, payload = _payload({TAPE_PEFT_TAPE: 1.99, TAPE_PEFT_WIDE: 1.95})
+    payload["grid"] = _grid(config, {label: [1.2, 1.1, 1.0] for label in config.arms})
+    payload["chosen_rates"] = {label: config.learning_rates[2] for label in config.arms}
+    for run in payload["runs"]:
+        if run["label"] in config.arms:
+            run["learning_rate"] = config.learning_rates[2]
+    wide = analyse(payload, config)["claims"][1]
+    assert wide["status"] == UNFAIR and wide["tuning"]["regime_reached"]
+    assert wide["tuning"]["missing"] == [
+        "a grid that brackets each arm's best rate (chosen at the grid's edge: "
+        + ", ".join(f"{arm} (highest)" for arm in wide["tuning"]["rates"]) + ")"]
 
 
 def test_the_lora_curve_is_interpolated_at_tapes_count():

@@ -25,7 +25,7 @@ from hf_posenc_experiments.claims import CLAIMS_HEADING, STATUSES
 from hf_posenc_experiments.config import LengthGeneralisationConfig
 from hf_posenc_experiments.corpus import ngram_entropies
 from hf_posenc_experiments.rdata import RDataError, read_lazyload, unserialize
-from hf_posenc_experiments.runner import mean_sd, scheme_fields
+from hf_posenc_experiments.runner import fingerprint, mean_sd, scheme_fields
 from hf_posenc_experiments.tokenizer import byte_tokenizer
 
 from experiment_cli import austen, run_cli as _run_cli  # noqa: F401 (austen: a fixture)
@@ -110,6 +110,27 @@ def test_mean_sd_and_scheme_fields():
     small = LengthGeneralisationConfig.preset("small")
     with pytest.raises(ValueError, match="eval_tokens"):
         LengthGeneralisationConfig(**{**small.__dict__, "eval_tokens": 100})
+    for grid in ((1e-3,), (1e-3, 1e-3), (1e-3, 0.0)):
+        with pytest.raises(ValueError, match="rate_grid must be empty or hold at least two different rates"):
+            LengthGeneralisationConfig(**{**small.__dict__, "rate_grid": grid})
+
+
+def test_an_optional_setting_at_its_default_leaves_the_settings_and_their_fingerprint_as_without_it():
+    """The length-generalisation rate grid is an optional setting: the experiments that nest these settings
+    without a grid (tapa_depth's ``base``, and the others) write and fingerprint the same settings as without the
+    field, so their committed reports stay valid; a grid, at any depth, is written and fingerprinted."""
+    from hf_posenc_experiments.config import TapaDepthConfig, settings_dict
+
+    small, shared = LengthGeneralisationConfig.preset("small"), LengthGeneralisationConfig.shared_preset("small")
+    assert small.rate_grid == (1e-3, 3e-3, 1e-2) and shared.rate_grid == ()
+    assert "rate_grid" not in shared.to_dict() and small.to_dict()["rate_grid"] == (1e-3, 3e-3, 1e-2)
+    assert settings_dict(shared) == {k: v for k, v in dataclasses.asdict(shared).items() if k != "rate_grid"}
+    assert fingerprint(shared.to_dict()) != fingerprint(small.to_dict())
+    depth = TapaDepthConfig.preset("small")
+    assert depth.base.rate_grid == () and "rate_grid" not in depth.to_dict()["base"]
+    gridded = dataclasses.replace(depth, base=dataclasses.replace(depth.base, rate_grid=(1e-3, 3e-3)))
+    assert gridded.to_dict()["base"]["rate_grid"] == (1e-3, 3e-3)
+    assert fingerprint(gridded.to_dict()) != fingerprint(depth.to_dict())
 
 
 def test_length_generalisation_toy_end_to_end(austen, tmp_path):
@@ -122,6 +143,18 @@ def test_length_generalisation_toy_end_to_end(austen, tmp_path):
     config = LengthGeneralisationConfig.preset("toy", seeds=2)
     assert data["command"] == f"hf-posenc experiment length_generalisation --size toy --seeds 2 --out {out}"
     assert len(data["runs"]) == len(config.schemes) * 2
+    # the rate grid: every row at each rate with seed 0, on the validation text; each row's seeds at its choice
+    assert data["rate_grid"] == list(config.rate_grid) and set(data["chosen_rates"]) == set(config.schemes)
+    assert {(r["label"], r["learning_rate"]) for r in data["grid"]} == {
+        (label, rate) for label in config.schemes for rate in config.rate_grid}
+    for run in data["runs"]:
+        assert run["learning_rate"] == data["chosen_rates"][run["label"]]
+        chosen = min((r for r in data["grid"] if r["label"] == run["label"]),
+                     key=lambda r: (math.inf if r["validation"] is None else r["validation"], r["learning_rate"]))
+        assert chosen["learning_rate"] == run["learning_rate"]
+    judged = [c for c in data["claims"] if c["tuning"] is not None]
+    assert judged and all(c["tuning"]["validated"] and all(tuple(r) == tuple(sorted(config.rate_grid))
+                                                           for r in c["tuning"]["rates"].values()) for c in judged)
     assert {r["spec"] for r in data["runs"]} == set(config.schemes.values())
     lengths = [str(n) for n in config.eval_lengths]
     for label in config.schemes:
@@ -136,10 +169,11 @@ def test_length_generalisation_toy_end_to_end(austen, tmp_path):
     assert set(data["floors"]) == {"unigram", "bigram"} and data["floors"]["bigram"] < data["floors"]["unigram"]
     markdown = (out / "results.md").read_text()
     assert data["command"] in markdown and "| RoPE |" in markdown and "bigram floor" in markdown
+    assert "Rate grid at the final budget" in markdown and "each row's peak rate chosen by the rate grid" in markdown
     assert (out / "heldout_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     stamps = {p: p.stat().st_mtime_ns for p in work.rglob("cell.json")}
-    assert len(stamps) == len(data["runs"])
+    assert len(stamps) == len(config.schemes) * (len(config.rate_grid) + 1)  # the grid's, and seed 1 at the choice
     again = _run_cli(*args)  # a rerun reuses every finished run
     assert again.returncode == 0, again.stderr[-3000:]
     assert {p: p.stat().st_mtime_ns for p in work.rglob("cell.json")} == stamps
