@@ -118,6 +118,14 @@ def tapa_step(spec: str = "tapa") -> float:
     return 2.0 ** parse_scheme_spec(spec).alpha - 1.0
 
 
+def grid_edge(rate: float, tried: Sequence[float]) -> str:
+    """``"highest"`` / ``"lowest"`` where ``rate`` is that end of a grid of two or more rates ``tried``, else ``""``
+    (inside the grid, or no grid): a choice at an end may not be the best rate, since one beyond it was not tried."""
+    if len(tried) < 2:
+        return ""
+    return "highest" if rate == max(tried) else "lowest" if rate == min(tried) else ""
+
+
 @dataclass(frozen=True)
 class Tuning:
     """The tuning budget behind a comparison, and whether its design reaches the paper's regime.
@@ -146,14 +154,9 @@ class Tuning:
     chosen: dict[str, float] = field(default_factory=dict)
 
     def at_edge(self) -> dict[str, str]:
-        """arm -> ``"highest"`` or ``"lowest"`` for every arm whose chosen rate is that end of a grid of two or more
-        rates."""
-        out = {}
-        for arm, rate in self.chosen.items():
-            tried = self.rates.get(arm, ())
-            if len(tried) >= 2 and rate in (min(tried), max(tried)):
-                out[arm] = "highest" if rate == max(tried) else "lowest"
-        return out
+        """arm -> ``"highest"`` or ``"lowest"`` for every arm whose chosen rate is that end of its grid
+        (:func:`grid_edge`)."""
+        return {arm: side for arm, rate in self.chosen.items() if (side := grid_edge(rate, self.rates.get(arm, ())))}
 
     def missing(self) -> list[str]:
         """What keeps this comparison from being a fair test (empty: a fair one)."""

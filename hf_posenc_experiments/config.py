@@ -221,12 +221,15 @@ class LengthGeneralisationConfig(ExperimentSettings):
     rate_grid: tuple[float, ...] = optional_setting(())
 
     name = "length_generalisation"
+    grid_required = False  # an experiment whose comparison needs the grid refuses an empty one
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.rate_grid and (len(set(self.rate_grid)) < 2 or not all(rate > 0 for rate in self.rate_grid)):
-            raise ValueError(f"rate_grid must be empty or hold at least two different rates > 0, got "
-                             f"{self.rate_grid}")
+        if not self.rate_grid and not self.grid_required:
+            return
+        if len(set(self.rate_grid)) < 2 or not all(rate > 0 for rate in self.rate_grid):
+            allowed = "hold" if self.grid_required else "be empty or hold"
+            raise ValueError(f"rate_grid must {allowed} at least two different rates > 0, got {self.rate_grid}")
 
     @classmethod
     def preset(cls, size: str, seeds: int = 3, first_seed: int = 0) -> LengthGeneralisationConfig:
@@ -474,12 +477,8 @@ class PropeGemmaRatioConfig(LengthGeneralisationConfig):
     schemes: dict[str, str] = field(default_factory=lambda: dict(PROPE_GEMMA_RATIO_SCHEMES))
     rate_grid: tuple[float, ...] = PROPE_GEMMA_RATIO_RATES
 
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if len(set(self.rate_grid)) < 2 or not all(rate > 0 for rate in self.rate_grid):
-            raise ValueError(f"rate_grid must hold at least two different rates > 0, got {self.rate_grid}")
-
     name = "prope_gemma_ratio"
+    grid_required = True  # every row is compared at its own best rate
 
     @classmethod
     def preset(cls, size: str, seeds: int | None = None, first_seed: int = 0) -> PropeGemmaRatioConfig:

@@ -19,7 +19,7 @@ from typing import Any
 from hf_posenc.schemes.spec import parse_scheme_spec
 from .claims import (
     CONFIRMED, COPE_PAPER, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, Tuning, claims_section, fixed_rates,
-    han_ji_claim, llama_parameters, paper_reach, reach, tapa_init_phase, tapa_regime, tapa_step, turn,
+    grid_edge, han_ji_claim, llama_parameters, paper_reach, reach, tapa_init_phase, tapa_regime, tapa_step, turn,
 )
 from .config import ExperimentSettings, LengthGeneralisationConfig, ModelSettings, TrainSettings
 from .corpus import Corpus, austen_corpus, ngram_entropies, write_text
@@ -160,7 +160,8 @@ def grid_table(payload: dict[str, Any]) -> list[str]:
         found = {r["learning_rate"]: r["validation"] for r in grid if r["label"] == label}
         cells = [("diverged" if found[r] is None else f"{found[r]:.4f}") if r in found else "n/a" for r in rates]
         cells = [f"**{c}**" if r == rate else c for r, c in zip(rates, cells)]
-        edge = " (the grid's highest)" if rate == max(rates) else " (the grid's lowest)" if rate == min(rates) else ""
+        side = grid_edge(rate, rates)
+        edge = f" (the grid's {side})" if side else ""
         lines.append(f"| {label} | " + " | ".join(cells) + f" | {rate:g}{edge} |")
     return lines
 

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runner
-from .claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, Tuning, claims_section
+from .claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, Tuning, claims_section, grid_edge
 from .config import (
     LLAMA2_PRETRAIN_LEARNING_RATE, LLAMA2_7B, LLAMA_NORMS, TAPE_PAPER_LEARNING_RATE, TAPE_PAPER_LORA_RANK,
     TAPE_PEFT_CONTROL, TAPE_PEFT_TAPE, TAPE_PEFT_WIDE, PeftArm, TapePeftConfig, lora_label, lora_parameters,
@@ -287,8 +287,8 @@ def grid_losses(grid: Sequence[dict[str, Any]], label: str, config: TapePeftConf
 
 
 def at_edge(rate: float, config: TapePeftConfig) -> str:
-    """``"highest"`` / ``"lowest"`` where ``rate`` is at that edge of the grid, else ``""``."""
-    return "highest" if rate == max(config.learning_rates) else "lowest" if rate == min(config.learning_rates) else ""
+    """``"highest"`` / ``"lowest"`` where ``rate`` is at that edge of the grid, else ``""`` (:func:`.claims.grid_edge`)."""
+    return grid_edge(rate, config.learning_rates)
 
 
 def flattened(losses: Sequence[float], fraction: float) -> bool | None:

@@ -113,6 +113,12 @@ def test_mean_sd_and_scheme_fields():
     for grid in ((1e-3,), (1e-3, 1e-3), (1e-3, 0.0)):
         with pytest.raises(ValueError, match="rate_grid must be empty or hold at least two different rates"):
             LengthGeneralisationConfig(**{**small.__dict__, "rate_grid": grid})
+    from hf_posenc_experiments.config import PropeGemmaRatioConfig  # its comparison needs the grid: never empty
+
+    gemma = PropeGemmaRatioConfig.preset("toy")
+    for grid in ((), (1e-3,)):
+        with pytest.raises(ValueError, match=r"rate_grid must hold at least two different rates > 0, got \("):
+            PropeGemmaRatioConfig(**{**gemma.__dict__, "rate_grid": grid})
 
 
 def test_an_optional_setting_at_its_default_leaves_the_settings_and_their_fingerprint_as_without_it():

@@ -262,7 +262,8 @@ def test_backward_path_follows_torch_determinism(monkeypatch):
     ge = torch.randn(1, 4, 37, 16, device=DEVICE, dtype=dtype)
     target = Target.of(inputs[0])
     fused_listed = "dkdq" in tt.tiles(target, 32, 16, inputs[0].element_size())
-    assert fused_listed or not (target.interpreter or (target.hopper and dtype != torch.float32))
+    if target.interpreter or target.hopper:  # the tables that list a fused tile for these (16-bit on a GPU) inputs
+        assert fused_listed
 
     def grads(**kw):
         names.clear()
