@@ -26,6 +26,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hf_posenc.schemes.spec import parse_scheme_spec
+from .rate_grid import grid_edge
 
 CONFIRMED, REFUTED, UNFAIR = "confirmed", "refuted", "not tested fairly at this scale"
 UNTESTABLE_SCALE, UNTESTABLE_HERE = "cannot be tested at this scale", "cannot be tested here"
@@ -118,14 +119,6 @@ def tapa_step(spec: str = "tapa") -> float:
     return 2.0 ** parse_scheme_spec(spec).alpha - 1.0
 
 
-def grid_edge(rate: float, tried: Sequence[float]) -> str:
-    """``"highest"`` / ``"lowest"`` where ``rate`` is that end of a grid of two or more rates ``tried``, else ``""``
-    (inside the grid, or no grid): a choice at an end may not be the best rate, since one beyond it was not tried."""
-    if len(tried) < 2:
-        return ""
-    return "highest" if rate == max(tried) else "lowest" if rate == min(tried) else ""
-
-
 @dataclass(frozen=True)
 class Tuning:
     """The tuning budget behind a comparison, and whether its design reaches the paper's regime.
@@ -143,6 +136,11 @@ class Tuning:
         chosen: arm -> the rate its validation loss chose from ``rates`` (empty: not recorded). An arm whose
             choice is the grid's highest or lowest rate has not had its best rate found (a rate beyond the edge
             might do better), so the comparison is not a fair test until the grid brackets it.
+        grid: the rates every arm started from when the grid widens itself (:func:`.rate_grid.bracketing_runs`:
+            an arm whose best rate is an end of what it tried goes on one grid step beyond it); empty: a fixed
+            grid. With a widening grid the effort is equal when every arm tried every rate of ``grid`` under the
+            same widening rule, so arms may end with different numbers of rates (only those whose best lay
+            outside the grid widened); with a fixed grid every arm must have tried as many rates.
     """
 
     rates: dict[str, tuple[float, ...]]
@@ -152,10 +150,11 @@ class Tuning:
     regime: str
     regime_reached: bool
     chosen: dict[str, float] = field(default_factory=dict)
+    grid: tuple[float, ...] = ()
 
     def at_edge(self) -> dict[str, str]:
         """arm -> ``"highest"`` or ``"lowest"`` for every arm whose chosen rate is that end of its grid
-        (:func:`grid_edge`)."""
+        (:func:`.rate_grid.grid_edge`)."""
         return {arm: side for arm, rate in self.chosen.items() if (side := grid_edge(rate, self.rates.get(arm, ())))}
 
     def missing(self) -> list[str]:
@@ -165,7 +164,10 @@ class Tuning:
         if not self.rates or min(counts) < 2:
             tried = ", ".join(f"{arm} {'/'.join(f'{r:g}' for r in rates)}" for arm, rates in self.rates.items())
             out.append(f"a per-arm learning-rate grid at the final budget (rates tried: {tried})")
-        elif len(counts) > 1:
+        elif self.grid and any(not set(self.grid) <= set(r) for r in self.rates.values()):
+            short = ", ".join(arm for arm, r in self.rates.items() if not set(self.grid) <= set(r))
+            out.append(f"every arm at every rate of the shared grid (not tried in full by: {short})")
+        elif not self.grid and len(counts) > 1:
             out.append("the same number of learning rates tried for every arm")
         elif not self.validated:
             out.append("each arm's rate chosen on a validation split")
@@ -192,7 +194,9 @@ class Tuning:
                 f"the reference's curve {curve}; regime: {self.regime}")
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "fair": self.fair, "missing": self.missing()}
+        """The record as a report's JSON holds it (``grid`` only where the grid widened itself)."""
+        out = {k: v for k, v in asdict(self).items() if k != "grid" or self.grid}
+        return {**out, "fair": self.fair, "missing": self.missing()}
 
 
 def fixed_rates(arms: dict[str, tuple[float, int]], regime: str, regime_reached: bool) -> Tuning:
@@ -310,7 +314,8 @@ class Claim:
         tuning = data.get("tuning")
         if tuning is not None:
             fields = {k: v for k, v in tuning.items() if k not in ("fair", "missing")}  # derived, not fields
-            tuning = Tuning(**{**fields, "rates": {arm: tuple(r) for arm, r in fields["rates"].items()}})
+            tuning = Tuning(**{**fields, "rates": {arm: tuple(r) for arm, r in fields["rates"].items()},
+                               "grid": tuple(fields.get("grid", ()))})
         return cls(data["paper"], data["claim"], data["status"], data["reason"], tuning)
 
     def line(self) -> str:

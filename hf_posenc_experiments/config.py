@@ -1060,8 +1060,11 @@ def paper_ratio_width(model: ModelSettings) -> int:
 
 TAPE_PEFT_CONTROL, TAPE_PEFT_TAPE, TAPE_PEFT_WIDE = "norms only", "TAPE (I = 4H)", "TAPE (paper's ratio)"
 TAPE_PEFT_RANKS = (1, 2, 4, 8, 16)  # the LoRA rank curve TAPE is placed on
-# the rates tried for every arm: the paper's 2e-5 scaled to this base (below), then half-decade steps up
-TAPE_PEFT_RATES = (2e-4, 6e-4, 2e-3)
+# the rates every arm tries, half-decade steps from 3x the paper's 2e-5 scaled to this base (2e-4, below: one step
+# under the grid, where the widening goes when an arm's best is 6e-4); an arm whose best rate is an end of what it
+# tried tries up to TAPE_PEFT_RATE_EXTENSIONS more, one step further each (rate_grid.widened)
+TAPE_PEFT_RATES = (6e-4, 2e-3, 6e-3)
+TAPE_PEFT_RATE_EXTENSIONS = 2
 TAPE_PEFT_BASES = 3  # the preset's bases (pretraining seeds) when none are given
 
 
@@ -1152,26 +1155,33 @@ class TapePeftConfig(ExtensionSettings):
       128 bytes (1,024 bytes a step, as the base's pretraining; the paper: 64 × 8k tokens), 50 warm-up steps then
       constant (``constant_with_warmup``), weight decay 0, AdamW (the authors' script); LoRA alpha = 2 × rank (the
       script's r = 8, alpha = 16), dropout 0, on q, k, v, o (the script's targets).
-    * The rate grid, the same for every arm: 2e-4 (the paper's 2e-5, 1/15 of Llama 2's pretraining peak 3e-4, at
-      1/15 of this base's 3e-3), 6e-4 and 2e-3 (half-decade steps up: the paper's rate was set for a 7B model and
-      new modules, and every arm here trains few parameters; 2e-3 stays below the base's own peak). Each arm's rate
-      is the one with the lowest loss at 2L on the validation text (the last ``eval_tokens`` bytes of the held-out
-      novel, far from the scored slice, never trained on) after the full 1,000 steps on the first base; a best rate
-      at the grid's edge is said so in the report.
+    * The rate grid, the same for every arm: 6e-4, 2e-3 and 6e-3, half-decade steps around the base's own peak
+      (3e-3), widened per arm (:func:`.rate_grid.widened`): an arm whose best rate is the highest or lowest it
+      tried tries one half-decade further, up to ``rate_extensions`` (2) rates beyond each end, so every arm's best
+      is bracketed unless it lies more than two steps outside the grid (the report says so then). The paper's
+      rate, 2e-5 for Llama 2 (1/15 of its pretraining peak 3e-4), is 2e-4 at 1/15 of this base's 3e-3: one step
+      below the grid, tried by every arm whose best is 6e-4. Every arm here trains few parameters of a frozen
+      model, and zero-initialised new modules (TAPE's blocks) and the norms can want several times LoRA's rate, so the
+      grid is centred near the base's peak rather than at the paper's scaled rate. Each arm's rate is the one with
+      the lowest loss at 2L on the validation text (the last ``eval_tokens`` bytes of the held-out novel, far from
+      the scored slice, never trained on) after the full 1,000 steps on the first base.
     * Whether the reference's curve had flattened: LoRA r = 8's logged training loss (every 50 steps; the run reads
       1 MB of the 3.6 MB training text, so its windows are new to it) fell in the last quarter of the run by at most
       ``flat_fraction`` (a tenth) of its fall from the first log, on every base.
 
     The budget (``small``, 3 bases, two cells at a time — the experiment's default, one torch thread each — on 2
-    idle CPU cores): about 23 min, estimated from timed 100-step runs (the module's docstring has the numbers): 3
-    base pretrainings (about 62 s each), 24 grid runs on the first base (8 arms × 3 rates) and 16 runs on the other
-    bases (48-70 s each). ``toy``: seconds (CI), a 2-layer d = 32 model (one TAPE block), LoRA ranks 1 and 2, two
-    rates, a few steps. ``gpu`` is refused.
+    idle CPU cores): 23 min for the grid alone, estimated from timed 100-step runs (the module's docstring has the
+    numbers): 3 base pretrainings (about 62 s each), 24 grid runs on the first base (8 arms × 3 rates) and 16 runs
+    on the other bases (48-70 s each); each widening run adds about 30 s of wall time (two at a time), at most 16
+    of them. Measured: 26.8 min with 11 widening runs (2026-12-06, 6 minutes of it beside a test run). ``toy``: seconds (CI), a 2-layer d = 32 model (one TAPE block), LoRA ranks 1 and 2, two rates widened
+    once, a few steps. ``gpu`` is refused.
 
     Attributes:
         arms: report label -> arm.
         ranks: the LoRA ranks of the curve (each arm ``LoRA r=R``).
-        learning_rates: the rates tried for every arm (the first: the paper's, scaled).
+        learning_rates: the rates every arm tries (the grid; the first is ``extend``'s rate).
+        rate_extensions: the most rates an arm tries beyond each end of the grid while its best rate is an end of
+            what it tried (:func:`.rate_grid.bracketing_runs`; 0: the grid alone).
         position_interpolation: PI's factor for every arm.
         lora_alpha_per_rank: LoRA's alpha / rank.
         lora_modules: LoRA's targets.
@@ -1182,6 +1192,7 @@ class TapePeftConfig(ExtensionSettings):
     arms: dict[str, PeftArm]
     ranks: tuple[int, ...] = TAPE_PEFT_RANKS
     learning_rates: tuple[float, ...]
+    rate_extensions: int = optional_setting(0)
     position_interpolation: float = 2.0
     lora_alpha_per_rank: float = 2.0
     lora_modules: tuple[str, ...] = LORA_MODULES
@@ -1193,9 +1204,12 @@ class TapePeftConfig(ExtensionSettings):
         super().__post_init__()
         if self.extension_factor not in self.eval_multiples:
             raise ValueError("the trained length (extension_factor x L) must be among the evaluation lengths")
-        if self.extend.learning_rate not in self.learning_rates or len(set(self.learning_rates)) < 2:
-            raise ValueError(f"learning_rates must hold at least two rates, the paper's scaled "
+        if self.extend.learning_rate not in self.learning_rates or len(set(self.learning_rates)) < 2 \
+                or min(self.learning_rates) <= 0:
+            raise ValueError(f"learning_rates must hold at least two different rates > 0, extend's "
                              f"{self.extend.learning_rate:g} among them; got {self.learning_rates}")
+        if self.rate_extensions < 0:
+            raise ValueError(f"rate_extensions must be >= 0 (0: the grid alone), got {self.rate_extensions}")
         needed = [TAPE_PEFT_CONTROL, TAPE_PEFT_TAPE, TAPE_PEFT_WIDE, *map(lora_label, self.ranks)]
         missing = [label for label in needed if label not in self.arms]
         if missing:
@@ -1231,13 +1245,13 @@ class TapePeftConfig(ExtensionSettings):
         if size == "toy":
             model = ModelSettings(32, 64, 2, 2, 16)  # one layer would have no TAPE block (the last is never read)
             pretrain = TrainSettings(steps=3, batch_size=4, learning_rate=3e-3, warmup_steps=1)
-            ranks, rates = (1, 2), TAPE_PEFT_RATES[::2]
+            ranks, rates = (1, 2), TAPE_PEFT_RATES[::2]  # 6e-4 and 6e-3, widened once where a best is an end
             return cls(size=size, context_length=16, extension_factor=2, eval_multiples=(1, 2, 4), eval_tokens=512,
                        train_chars=4096, model=model, pretrain=pretrain,
                        extend=ConstantTrainSettings(steps=3, batch_size=2, learning_rate=rates[0], warmup_steps=1,
                                                     weight_decay=0.0),
                        arms=tape_peft_arms(model, ranks, pi), ranks=ranks, learning_rates=rates,
-                       position_interpolation=pi, seeds=seeds, first_seed=first_seed)
+                       rate_extensions=1, position_interpolation=pi, seeds=seeds, first_seed=first_seed)
         base = ContextExtensionConfig.preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
         model = dataclasses.replace(base.model, num_layers=4)
         return cls(size=size, context_length=base.context_length, extension_factor=2, eval_multiples=(1, 2, 4, 8),
@@ -1245,7 +1259,7 @@ class TapePeftConfig(ExtensionSettings):
                    extend=ConstantTrainSettings(steps=1000, batch_size=8, learning_rate=TAPE_PEFT_RATES[0],
                                                 warmup_steps=50, weight_decay=0.0),
                    arms=tape_peft_arms(model, TAPE_PEFT_RANKS, pi), learning_rates=TAPE_PEFT_RATES,
-                   position_interpolation=pi, seeds=seeds, first_seed=first_seed)
+                   rate_extensions=TAPE_PEFT_RATE_EXTENSIONS, position_interpolation=pi, seeds=seeds, first_seed=first_seed)
 
 
 # -- tapa_curves (issue #47 §1) -------------------------------------------------------------------------------
@@ -1256,8 +1270,11 @@ class TapePeftConfig(ExtensionSettings):
 # at α = 0.1 (shared/notes/evidence-facts.md).
 TAPA_CURVES_HOT_PHASE = 7.0
 TAPA_CURVES_NEEDED_PHASE = 9.7
-# each method's rates in the grid at the final budget: TAPA's paper-style lower rate and RoPE's rate of the sweep
+# each method's rates in the grid at the final budget: TAPA's paper-style lower rate and RoPE's rate of the sweep;
+# a method whose best rate is an end of what it tried tries up to TAPA_CURVES_RATE_EXTENSIONS more beyond that end,
+# a grid step (x3) further each (rate_grid.widened): 3e-4 and 1e-4 below, 9e-3 and 3e-2 above
 TAPA_CURVES_RATES = (1e-3, 3e-3)
+TAPA_CURVES_RATE_EXTENSIONS = 2
 
 
 @dataclass(frozen=True)
@@ -1327,9 +1344,11 @@ class TapaCurvesConfig:
 
     The rate grid at the final budget: every method (RoPE, NoPE, TAPA, TAPA hot) at each of ``rates`` (1e-3 and
     3e-3), seed ``first_seed`` only; the main arms' cells are reused where the rate coincides (so NoPE 1e-3, TAPA
-    3e-3 and TAPA-hot 3e-3 train extra); each method's rate is chosen on the VALIDATION text (the held-out novel's
-    last ``eval_tokens`` bytes, never scored), and the verdict compares each method at its own rate as well as the
-    fixed arms with every seed.
+    3e-3 and TAPA-hot 3e-3 train extra); a method whose best rate is the highest or lowest it tried tries one grid
+    step (x3) further, up to ``rate_extensions`` (2) rates beyond each end (:func:`.rate_grid.bracketing_runs`),
+    so its best is bracketed unless it lies further out. Each method's rate is chosen on the VALIDATION text (the
+    held-out novel's last ``eval_tokens`` bytes, never scored), and the verdict compares each method at its own
+    rate as well as the fixed arms with every seed.
 
     Reading rule, fixed before the runs: TAPA − RoPE shrinking with steps (its change from the first to the last
     checkpoint, paired by seed, against RoPE at 3e-3 or at 1e-3), or TAPA pulling away from NoPE (TAPA − NoPE at
@@ -1346,6 +1365,8 @@ class TapaCurvesConfig:
         checkpoints: the steps at which every run is scored (the last is ``base.train.steps``).
         arms: report label -> arm.
         rates: the rate grid at the final budget, per method.
+        rate_extensions: the most rates a method tries beyond each end of ``rates`` while its best rate is an end
+            of what it tried (0: the grid alone).
         hot_phase: the hot start's median phase at distance 1 at init (radians).
         flat_ratio: the reference's held-out curve has flattened when its fall over the last interval between
             checkpoints is at most this fraction of its fall over the first.
@@ -1355,6 +1376,7 @@ class TapaCurvesConfig:
     checkpoints: tuple[int, ...]
     arms: dict[str, CurveArm] = field(default_factory=lambda: dict(TAPA_CURVES_ARMS))
     rates: tuple[float, ...] = TAPA_CURVES_RATES
+    rate_extensions: int = optional_setting(0)
     hot_phase: float = TAPA_CURVES_HOT_PHASE
     flat_ratio: float = 0.25
 
@@ -1366,8 +1388,10 @@ class TapaCurvesConfig:
                 self.checkpoints[0] < 1 or self.checkpoints[-1] != steps:
             raise ValueError(f"checkpoints must be increasing steps ending at the final step {steps}, got "
                              f"{self.checkpoints}")
-        if len(self.rates) < 2:
-            raise ValueError("the rate grid needs at least two rates per method")
+        if len(set(self.rates)) < 2 or min(self.rates) <= 0:
+            raise ValueError(f"the rate grid needs at least two different rates > 0 per method, got {self.rates}")
+        if self.rate_extensions < 0:
+            raise ValueError(f"rate_extensions must be >= 0 (0: the grid alone), got {self.rate_extensions}")
         for needed in ("RoPE", "NoPE", "TAPA", "TAPA hot"):
             if not any(arm.method == needed for arm in self.arms.values()):
                 raise ValueError(f"tapa_curves needs a {needed!r} arm")
@@ -1383,7 +1407,8 @@ class TapaCurvesConfig:
         cell for set-up and scoring three checkpoints (200 / 600 steps: 12.9 / 22.1 s RoPE, 17.2 / 27.6 s TAPA hot,
         checkpoints and phase diagnostic included), so a 4,000-step cell takes 1.7-2.1 min (RoPE, NoPE) and 1.9-2.6
         min (TAPA): the 15 main cells and 3 grid cells, two at a time, about 16-21 min with 3 seeds and --jobs 2
-        (32-42 min with --jobs 1)."""
+        (32-42 min with --jobs 1), plus about 1 min per widening cell (at most 16). Measured: 22.9 min with 5
+        widening cells on 2 idle cores (2026-12-06)."""
         base = LengthGeneralisationConfig.shared_preset(size, seeds=seeds, first_seed=first_seed)  # refuses unknown sizes
         steps, checkpoints = (4, (1, 2, 4)) if size == "toy" else (4000, (1000, 2000, 4000))
         train = ConstantTrainSettings(steps=steps, batch_size=base.train.batch_size,
@@ -1391,7 +1416,8 @@ class TapaCurvesConfig:
                                       weight_decay=base.train.weight_decay)
         base = dataclasses.replace(base, eval_multiples=(1,), train=train,
                                    diagnostic_tokens=256 if size == "toy" else base.diagnostic_tokens)
-        return cls(base=base, checkpoints=checkpoints)
+        return cls(base=base, checkpoints=checkpoints,
+                   rate_extensions=1 if size == "toy" else TAPA_CURVES_RATE_EXTENSIONS)
 
     @property
     def methods(self) -> dict[str, CurveArm]:
@@ -1404,6 +1430,11 @@ class TapaCurvesConfig:
     def grid(self) -> dict[str, dict[float, str]]:
         """method -> rate -> the label of its cell (a main arm's where the rate coincides)."""
         return {method: {rate: curve_label(method, rate) for rate in self.rates} for method in self.methods}
+
+    def arm_at(self, method: str, rate: float) -> tuple[str, CurveArm]:
+        """``method`` at ``rate``: its label and arm (a main arm's where it is one)."""
+        label = curve_label(method, rate)
+        return label, self.arms.get(label) or dataclasses.replace(self.methods[method], learning_rate=rate)
 
     def grid_arms(self) -> dict[str, CurveArm]:
         """The arms the grid trains beyond the main ones (seed ``first_seed`` only): label -> arm."""

@@ -19,10 +19,11 @@ from typing import Any
 from hf_posenc.schemes.spec import parse_scheme_spec
 from .claims import (
     CONFIRMED, COPE_PAPER, PROPE_PAPER, REFUTED, UNTESTABLE_SCALE, Claim, Tuning, claims_section, fixed_rates,
-    grid_edge, han_ji_claim, llama_parameters, paper_reach, reach, tapa_init_phase, tapa_regime, tapa_step, turn,
+    han_ji_claim, llama_parameters, paper_reach, reach, tapa_init_phase, tapa_regime, tapa_step, turn,
 )
 from .config import ExperimentSettings, LengthGeneralisationConfig, ModelSettings, TrainSettings
 from .corpus import Corpus, austen_corpus, ngram_entropies, write_text
+from .rate_grid import best_rate, grid_edge
 from .report import (
     TABLE_NOTE, Tests, analysis, closing_lines, make_payload, markdown_table, plot_summary, publish,
     tests_explained,
@@ -127,11 +128,8 @@ def choose_rates(config: LengthGeneralisationConfig, arms: dict[str, tuple[str, 
     results = run_cells(cells, desc=f"{experiment} ({config.size}): {len(rates)} rates per arm, seed "
                         f"{config.first_seed}", progress=progress)
 
-    def loss(result: dict[str, Any]) -> float:
-        return math.inf if result["validation"] is None else float(result["validation"])
-
-    chosen = {label: min((r for r in results if r["label"] == label),
-                         key=lambda r: (loss(r), r["learning_rate"]))["learning_rate"] for label in arms}
+    chosen = {label: best_rate({r["learning_rate"]: r["validation"] for r in results if r["label"] == label})
+              for label in arms}
     return chosen, results
 
 

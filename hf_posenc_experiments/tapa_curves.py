@@ -34,6 +34,7 @@ from .claims import (
 from .config import TAPA_CURVES_NEEDED_PHASE, CurveArm, TapaCurvesConfig, rate_name
 from .corpus import Corpus
 from .length_generalisation import begin
+from .rate_grid import best_rate, bracketing_runs, grid_edge, grid_step
 from .report import TABLE_NOTE, Tests, analysis, fmt, make_payload, markdown_table, plot_settings, publish, \
     tests_explained
 from .runner import Cell, Summary, build_recipe, run_cells, score, slug, train_and_evaluate
@@ -231,22 +232,30 @@ def flattened(summary: Summary, label: str, config: TapaCurvesConfig) -> bool | 
 
 
 # -- the rate grid ----------------------------------------------------------------------------------------------
+def grid_key(run: dict[str, Any]) -> tuple[str, float]:
+    """A run -> its ``(method, rate)``."""
+    return run["method"], run["learning_rate"]
+
+
+def validation(run: dict[str, Any], config: TapaCurvesConfig) -> float | None:
+    """A run's validation loss at L after the final budget (``None``: diverged)."""
+    return run["curve"][str(config.checkpoints[-1])]["validation"]
+
+
 def grid_runs(payload: dict[str, Any], config: TapaCurvesConfig) -> dict[str, dict[float, dict[str, Any]]]:
-    """method -> rate -> the grid's run (seed ``first_seed``: a main arm's where the rate coincides)."""
+    """method -> rate -> its run with seed ``first_seed``, for every rate it tried (the grid's, a main arm's where
+    the rate coincides, and the widening's), ascending."""
     seed = config.base.first_seed
-    found = {r["label"]: r for r in [*payload["runs"], *payload.get("grid", [])] if r["seed"] == seed}
-    return {method: {rate: found[label] for rate, label in rates.items() if label in found}
-            for method, rates in config.grid().items()}
+    found = [r for r in [*payload["runs"], *payload.get("grid", [])] if r["seed"] == seed]
+    return {method: {grid_key(r)[1]: r for r in sorted(found, key=grid_key) if r["method"] == method}
+            for method in config.methods}
 
 
 def chosen_rates(payload: dict[str, Any], config: TapaCurvesConfig) -> dict[str, float]:
     """method -> the rate whose seed-``first_seed`` run has the lowest validation loss at L after the final budget
-    (the validation text, never the scored one)."""
-    def loss(run: dict[str, Any]) -> float:  # a diverged run (NaN, or null in strict JSON) is never chosen
-        value = run["curve"][str(config.checkpoints[-1])]["validation"]
-        return value if value is not None and math.isfinite(value) else math.inf
-
-    return {method: min(rates, key=lambda rate: loss(rates[rate]))
+    (the validation text, never the scored one; :func:`.rate_grid.best_rate`: a diverged run is never chosen over
+    a finite one)."""
+    return {method: best_rate({rate: validation(run, config) for rate, run in rates.items()})
             for method, rates in grid_runs(payload, config).items() if rates}
 
 
@@ -254,8 +263,7 @@ def best_summary(payload: dict[str, Any], config: TapaCurvesConfig) -> tuple[Sum
     """The held-out loss at L after the final budget of every run (main arms and grid cells) and method -> the
     label at its chosen rate: a main arm (every seed) where the chosen rate is one, else the grid's single run."""
     summary = Summary.from_results([*payload["runs"], *payload.get("grid", [])], [config.base.context_length])
-    grid = config.grid()
-    return summary, {method: grid[method][rate] for method, rate in chosen_rates(payload, config).items()}
+    return summary, {method: config.arm_at(method, rate)[0] for method, rate in chosen_rates(payload, config).items()}
 
 
 # -- the regime ---------------------------------------------------------------------------------------------------
@@ -337,7 +345,7 @@ def grid_line(payload: dict[str, Any], config: TapaCurvesConfig, tests: Tests) -
 
 def tuning(payload: dict[str, Any], config: TapaCurvesConfig) -> Tuning:
     """The tuning record of the comparison at each method's own rate: every method tried ``config.rates`` at the
-    final budget, chosen on the validation text; the reference's curve at its rate; TAPA's regime at the hot
+    final budget, and the rates its widening added, chosen on the validation text; the reference's curve at its rate; TAPA's regime at the hot
     start (its measured median phase after the rescaling, else the target)."""
     curve = curves(payload["runs"], config)
     best = best_summary(payload, config)[1]
@@ -345,10 +353,12 @@ def tuning(payload: dict[str, Any], config: TapaCurvesConfig) -> Tuning:
     measured = hot_start(payload)["after"]
     phase = statistics.median(measured) if measured else config.hot_phase
     text, reached = regime(config, phase)
-    return Tuning(rates={method: tuple(config.rates) for method in config.methods},
+    tried = grid_runs(payload, config)
+    return Tuning(rates={method: tuple(tried[method]) for method in config.methods},
                   steps={method: config.base.train.steps for method in config.methods}, validated=True,
                   flattened=flattened(curve, reference, config) if reference in curve.rows else None,
-                  regime=text, regime_reached=reached, chosen=chosen_rates(payload, config))
+                  regime=text, regime_reached=reached, chosen=chosen_rates(payload, config),
+                  grid=tuple(config.rates) if config.rate_extensions else ())
 
 
 def paper_claims(payload: dict[str, Any], config: TapaCurvesConfig, tests: Tests) -> list[Claim]:
@@ -442,16 +452,24 @@ def grid_table(payload: dict[str, Any], config: TapaCurvesConfig) -> list[str]:
     last, L = config.checkpoints[-1], config.base.context_length
     runs, chosen = grid_runs(payload, config), chosen_rates(payload, config)
     summary, best = best_summary(payload, config)
-    head = ["method", *[f"validation, lr {rate_name(r)}" for r in config.rates], "chosen", "held-out at L (chosen)"]
+    columns = sorted({rate for rates in runs.values() for rate in rates})
+    head = ["method", *[f"validation, lr {rate_name(r)}" for r in columns], "chosen", "held-out at L (chosen)"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for method, rates in runs.items():
-        cells = [f"{rates[r]['curve'][str(last)]['validation']:.3f}" if r in rates else "n/a" for r in config.rates]
+        cells = [("-" if r not in rates else "diverged" if not _finite(validation(rates[r], config)) else
+                  f"{validation(rates[r], config):.3f}") for r in columns]
         label = best[method]
         seeds = len(summary.values[label][L])
         mean, sd = summary.rows[label][L]
         scored = fmt(mean, sd) + f" ({seeds} seeds)" if seeds > 1 else f"{mean:.3f} (1 seed)"
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {rate_name(chosen[method])} | {scored} |")
+        side = grid_edge(chosen[method], tuple(rates))
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {rate_name(chosen[method])}"
+                     + (f" ({side} tried)" if side else "") + f" | {scored} |")
     return lines
+
+
+def _finite(value: float | None) -> bool:
+    return value is not None and math.isfinite(value)
 
 
 def render(payload: dict[str, Any], config: TapaCurvesConfig) -> str:
@@ -463,6 +481,10 @@ def render(payload: dict[str, Any], config: TapaCurvesConfig) -> str:
             + (f", hot start: median phase at distance 1 at init {arm.phase_at_distance_1:g} rad"
                if arm.phase_at_distance_1 is not None else "") for label, arm in config.arms.items()]
     extra = ", ".join(f"{label} (`{arm.spec}`)" for label, arm in config.grid_arms().items())
+    widened = ", ".join(r["label"] for r in payload.get("grid", []) if r["label"] not in config.grid_arms())
+    widening = (f" A method whose best rate was the highest or lowest it tried went on one grid step (x"
+                f"{grid_step(config.rates):g}) further, up to {config.rate_extensions} beyond each end: "
+                f"{widened or 'none needed one'}." if config.rate_extensions else "")
     measured = (f" Measured (`scheme_init.json` of every hot run, per layer): {statistics.median(hot['before']):.3f} "
                 f"rad before, {statistics.median(hot['after']):.3f} after (medians over layers and seeds)."
                 if hot["after"] else "")
@@ -514,7 +536,7 @@ def render(payload: dict[str, Any], config: TapaCurvesConfig) -> str:
         "## Rate grid at the final budget",
         "",
         f"Every method at each rate, seed {base.first_seed} only (the main arms' cells where the rate coincides; "
-        f"trained for the grid: {extra or 'none'}), each method's rate chosen on the validation text:",
+        f"trained for the grid: {extra or 'none'}), each method's rate chosen on the validation text.{widening}",
         "",
         *grid_table(payload, config),
         "",
@@ -568,6 +590,17 @@ def run(config: TapaCurvesConfig, out: str | Path, work: str | Path, command: st
              for label, arm in config.grid_arms().items()]
     results = run_cells([*main, *extra], desc=f"{config.name} ({base.size})", progress=progress)
     runs, grid = results[: len(main)], results[len(main):]
+
+    def widen(pairs: list[tuple[str, float]], stage: str) -> list[dict[str, Any]]:
+        cells = [curve_cell(config, prepared, work, *config.arm_at(method, rate), base.first_seed)
+                 for method, rate in pairs]
+        return run_cells(cells, desc=f"{config.name} ({base.size}): {len(pairs)} methods at an end of their "
+                         f"rates, one step beyond ({stage})", progress=progress)
+
+    tuned = [r for r in results if r["seed"] == base.first_seed]
+    found = bracketing_runs(list(config.methods), config.rates, config.rate_extensions, widen, key=grid_key,
+                            loss=lambda r: validation(r, config), done=tuned)
+    grid.extend(found[len(tuned):])
     summary = Summary.from_results(runs, base.eval_lengths)
     payload = make_payload(config.name, command, config.to_dict(), corpus.name,
                            "held-out cross-entropy in nats per byte (perplexity = exp)", prepared["floors"], runs,

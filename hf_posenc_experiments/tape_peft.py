@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from . import runner
-from .claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, Tuning, claims_section, grid_edge
+from .claims import CONFIRMED, REFUTED, UNTESTABLE_SCALE, Claim, Tuning, claims_section
 from .config import (
     LLAMA2_PRETRAIN_LEARNING_RATE, LLAMA2_7B, LLAMA_NORMS, TAPE_PAPER_LEARNING_RATE, TAPE_PAPER_LORA_RANK,
     TAPE_PEFT_CONTROL, TAPE_PEFT_TAPE, TAPE_PEFT_WIDE, PeftArm, TapePeftConfig, lora_label, lora_parameters,
@@ -47,6 +47,7 @@ from .config import (
 from .context_extension import BASE_LABEL
 from .corpus import Corpus
 from .length_generalisation import begin
+from .rate_grid import best_rate, bracketing_runs, grid_edge, one_digit, tried_rates
 from .report import (
     NEGLIGIBLE, TABLE_NOTE, Tests, analysis, make_payload, markdown_table, plot_summary, publish, tests_explained,
 )
@@ -237,9 +238,14 @@ def run(config: TapePeftConfig, out: str | Path, work: str | Path, command: str,
     def cell(label: str, rate: float, seed: int) -> Cell:
         return extension_cell(config, prepared, work, common, label, rate, seed, bases[seed], base_settings[seed])
 
-    grid_cells = [cell(label, rate, tuned_on) for label in config.arms for rate in config.learning_rates]
-    grid = run_cells(grid_cells, desc=f"{what}: {len(config.learning_rates)} rates per arm on base {tuned_on}",
-                     progress=progress, jobs=jobs)
+    def train(pairs: list[tuple[str, float]], stage: str) -> list[dict[str, Any]]:
+        desc = (f"{what}: {len(config.learning_rates)} rates per arm on base {tuned_on}" if stage == "grid" else
+                f"{what}: {len(pairs)} arms at an end of their rates, one step beyond, on base {tuned_on}")
+        return run_cells([cell(label, rate, tuned_on) for label, rate in pairs], desc=desc, progress=progress,
+                         jobs=jobs)
+
+    grid = bracketing_runs(list(config.arms), config.learning_rates, config.rate_extensions, train, key=grid_key,
+                           loss=lambda r: r["validation"]["nll"])
     chosen = chosen_rates(grid, config)
     others = [cell(label, chosen[label], seed) for label in config.arms for seed in config.bases[1:]]
     rest = run_cells(others, desc=f"{what}: each arm at its rate on the other bases", progress=progress, jobs=jobs)
@@ -266,29 +272,37 @@ def run(config: TapePeftConfig, out: str | Path, work: str | Path, command: str,
 
 
 # -- the rate grid ----------------------------------------------------------------------------------------------
+def grid_key(result: dict[str, Any]) -> tuple[str, float]:
+    """A grid run -> its ``(arm, rate)``."""
+    return result["label"], result["learning_rate"]
+
+
 def chosen_rates(grid: Sequence[dict[str, Any]], config: TapePeftConfig) -> dict[str, float]:
-    """Label -> the rate of ``config.learning_rates`` whose run on the first base has the lowest validation loss at
-    2L (the lower rate on a tie; a diverged run counts as infinite)."""
-    out = {}
-    for label in config.arms:
-        losses = grid_losses(grid, label, config)
-        out[label] = min(config.learning_rates, key=lambda rate: (losses[rate], rate))
-    return out
+    """Label -> the rate, of every rate it tried on the first base, with the lowest validation loss at 2L
+    (:func:`.rate_grid.best_rate`: the lower rate on a tie; a diverged run counts as infinite)."""
+    return {label: best_rate(grid_losses(grid, label, config)) for label in config.arms}
 
 
 def grid_losses(grid: Sequence[dict[str, Any]], label: str, config: TapePeftConfig) -> dict[float, float]:
-    """Rate -> validation loss at 2L of ``label``'s run on the first base."""
+    """Rate -> validation loss at 2L of ``label``'s run on the first base, for every rate it tried (the grid's,
+    and those the widening added); infinite for a diverged run."""
     found = {r["learning_rate"]: r["validation"]["nll"] for r in grid
              if r["label"] == label and r["seed"] == config.bases[0]}
     missing = [rate for rate in config.learning_rates if rate not in found]
     if missing:
         raise ValueError(f"the rate grid has no run of {label!r} at {missing}")
-    return {rate: math.inf if found[rate] is None else float(found[rate]) for rate in config.learning_rates}
+    return {rate: math.inf if loss is None else float(loss) for rate, loss in sorted(found.items())}
 
 
-def at_edge(rate: float, config: TapePeftConfig) -> str:
-    """``"highest"`` / ``"lowest"`` where ``rate`` is at that edge of the grid, else ``""`` (:func:`.claims.grid_edge`)."""
-    return grid_edge(rate, config.learning_rates)
+def arm_rates(grid: Sequence[dict[str, Any]], label: str) -> tuple[float, ...]:
+    """The rates ``label`` tried, ascending."""
+    return tried_rates(grid, label, grid_key)
+
+
+def at_edge(grid: Sequence[dict[str, Any]], label: str, rate: float) -> str:
+    """``"highest"`` / ``"lowest"`` where ``rate`` is that end of the rates ``label`` tried, else ``""``
+    (:func:`.rate_grid.grid_edge`)."""
+    return grid_edge(rate, arm_rates(grid, label))
 
 
 def flattened(losses: Sequence[float], fraction: float) -> bool | None:
@@ -398,21 +412,29 @@ def tuning(payload: dict[str, Any], config: TapePeftConfig, label: str) -> Tunin
     regime = (f"TAPE : LoRA r = {TAPE_PAPER_LORA_RANK} parameters {value:.2f} : 1 here against the paper's "
               f"{paper_ratio():.2f} : 1 (Llama-2-7B, {LLAMA2_7B.num_heads} heads); in the paper's regime from "
               f"{REGIME_FRACTION * paper_ratio():.2f} : 1")
-    return Tuning(rates={arm: tuple(config.learning_rates) for arm in compared},
+    return Tuning(rates={arm: arm_rates(payload["grid"], arm) for arm in compared},
                   steps={arm: config.extend.steps for arm in compared}, validated=True,
                   flattened=reference_flattened(payload, config), regime=regime, regime_reached=in_paper_regime(value),
-                  chosen={arm: rate for arm, rate in chosen_rates(payload["grid"], config).items() if arm in compared})
+                  chosen={arm: rate for arm, rate in chosen_rates(payload["grid"], config).items() if arm in compared},
+                  grid=tuple(config.learning_rates) if config.rate_extensions else ())
 
 
 def rate_line(payload: dict[str, Any], config: TapePeftConfig) -> str:
     """The rates tried and chosen, in words, with the arms whose best rate is at the grid's edge."""
-    chosen = chosen_rates(payload["grid"], config)
-    edges = [f"{label} ({at_edge(rate, config)})" for label, rate in chosen.items() if at_edge(rate, config)]
+    grid, chosen = payload["grid"], chosen_rates(payload["grid"], config)
+    edges = [f"{label} ({at_edge(grid, label, rate)})" for label, rate in chosen.items()
+             if at_edge(grid, label, rate)]
+    widened = [f"{label} {'/'.join(f'{r:g}' for r in arm_rates(grid, label) if r not in config.learning_rates)}"
+               for label in config.arms if set(arm_rates(grid, label)) - set(config.learning_rates)]
+    extra = (f"; the arms whose best was an end of what they tried went on one step at a time, up to "
+             f"{config.rate_extensions} beyond each end: " + ", ".join(widened) if widened else
+             "; no arm needed a rate beyond the grid" if config.rate_extensions else "")
     return (f"Rates: every arm tried {', '.join(f'{r:g}' for r in config.learning_rates)} for "
-            f"{config.extend.steps:,} steps on base {config.bases[0]}, and kept the one with the lowest validation "
-            f"loss at {config.extension_factor}L: " + "; ".join(f"{label} {rate:g}" for label, rate in chosen.items())
-            + ". " + (f"Best at the grid's edge: {', '.join(edges)} (a rate beyond it might do better)."
-                      if edges else "No arm's best rate is at the grid's edge."))
+            f"{config.extend.steps:,} steps on base {config.bases[0]}{extra}; each kept the one with the lowest "
+            f"validation loss at {config.extension_factor}L: "
+            + "; ".join(f"{label} {rate:g}" for label, rate in chosen.items())
+            + ". " + (f"Best at the edge of the rates tried: {', '.join(edges)} (a rate beyond it might do better)."
+                      if edges else "Every arm's best rate is inside the rates it tried."))
 
 
 def verdict(summary: Summary, payload: dict[str, Any], config: TapePeftConfig, tests: Tests) -> list[str]:
@@ -543,12 +565,17 @@ CLAIM_NOTES = (
 def grid_table(payload: dict[str, Any], config: TapePeftConfig) -> list[str]:
     """Validation loss at 2L of every arm at every rate on the first base, the chosen rate in bold."""
     chosen = chosen_rates(payload["grid"], config)
-    head = ["arm", *[f"lr {rate:g}" for rate in config.learning_rates], "chosen"]
+    rates = sorted({r["learning_rate"] for r in payload["grid"]})
+    head = ["arm", *[f"lr {rate:g}" for rate in rates], "chosen"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for label in config.arms:
         losses = grid_losses(payload["grid"], label, config)
-        cells = [f"**{losses[r]:.4f}**" if r == chosen[label] else f"{losses[r]:.4f}" for r in config.learning_rates]
-        lines.append(f"| {label} | " + " | ".join(cells) + f" | {chosen[label]:g} |")
+        cells = [("diverged" if math.isinf(losses[r]) else f"{losses[r]:.4f}") if r in losses else "-"
+                 for r in rates]
+        cells = [f"**{c}**" if r == chosen[label] else c for r, c in zip(rates, cells)]
+        side = at_edge(payload["grid"], label, chosen[label])
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {chosen[label]:g}"
+                     + (f" ({side} tried)" if side else "") + " |")
     return lines
 
 
@@ -588,12 +615,29 @@ def arm_line(label: str, arm: PeftArm, budget: dict[str, Any], config: TapePeftC
             f"({budget['method_parameters']:,} besides the norms{share})")
 
 
+def paper_rate_note(config: TapePeftConfig) -> str:
+    """Where the paper's rate sits in the grid: the paper's 2e-5 (its Table 5, every method in the authors'
+    script) is 1/15 of Llama 2's pretraining peak, and taken to the same fraction of this base's peak."""
+    fraction = TAPE_PAPER_LEARNING_RATE / LLAMA2_PRETRAIN_LEARNING_RATE
+    scaled = fraction * config.pretrain.learning_rate
+    where = next((f"the {'first' if i == 0 else f'rate {i + 1}'}" for i, r in enumerate(config.learning_rates)
+                  if math.isclose(r, scaled, rel_tol=1e-6)), None)
+    source = (f"the paper's {TAPE_PAPER_LEARNING_RATE:g} (its Table 5, the same for every method in the authors' "
+              f"script), 1/{1 / fraction:.0f} of Llama 2's pretraining peak ({LLAMA2_PRETRAIN_LEARNING_RATE:g}), at "
+              f"the same fraction of this base's {config.pretrain.learning_rate:g}")
+    if where:
+        return f"; {where} is {source}"
+    widening = (f", which an arm tries when its best rate is the grid's lowest (each arm whose best rate is an end "
+                f"of what it tried goes on one grid step further, up to {config.rate_extensions} "
+                f"rate{'s' if config.rate_extensions > 1 else ''} beyond each end)" if config.rate_extensions else ", not tried")
+    return f"; {source}, is {one_digit(scaled):g}{widening}"
+
+
 def render(payload: dict[str, Any], config: TapePeftConfig) -> str:
     """``results.md`` from ``results.json``."""
     summary = Summary.from_results(payload["runs"], config.eval_lengths)
     claims = [Claim.from_dict(c) for c in payload.get("claims") or []]
     model, ext, pre, budget = config.model, config.extend, config.pretrain, payload["trainable"]
-    rate = TAPE_PAPER_LEARNING_RATE / LLAMA2_PRETRAIN_LEARNING_RATE
     md = [
         f"# TAPE's parameter-efficient context extension against a LoRA rank curve ({config.size})",
         "",
@@ -621,10 +665,7 @@ def render(payload: dict[str, Any], config: TapePeftConfig) -> str:
         "",
         f"Every arm: {ext.warmup_steps} warm-up steps then constant, weight decay {ext.weight_decay:g}, AdamW, the "
         f"same data order per base. Rates tried for every arm on base {config.bases[0]}: "
-        f"{', '.join(f'{r:g}' for r in config.learning_rates)}; the first is the paper's {TAPE_PAPER_LEARNING_RATE:g} "
-        f"(its Table 5, the same for every method in the authors' script), 1/{1 / rate:.0f} of Llama 2's "
-        f"pretraining peak ({LLAMA2_PRETRAIN_LEARNING_RATE:g}), at the same fraction of this base's "
-        f"{pre.learning_rate:g}. Each arm keeps the rate with the lowest loss at {config.extension_factor}L on the "
+        f"{', '.join(f'{r:g}' for r in config.learning_rates)}{paper_rate_note(config)}. Each arm keeps the rate with the lowest loss at {config.extension_factor}L on the "
         f"validation text (the last {config.eval_tokens:,} bytes of the held-out novel: never trained on, far from "
         f"the scored slice) and is continued at it on the other bases. Validation loss at "
         f"{config.extension_factor}L on base {config.bases[0]}, nats per byte (bold: chosen):",

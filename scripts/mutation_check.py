@@ -528,6 +528,21 @@ MUTATIONS: tuple[Mutation, ...] = (
         "an arm whose best rate is the grid's highest or lowest has not had its best rate found: no fair test",
     ),
     Mutation(
+        "a-widened-grid-stops-at-the-grid", "hf_posenc_experiments/rate_grid.py",
+        "    if len(beyond) >= extensions:\n        return None\n",
+        "    if True:\n        return None\n",
+        ("tests/test_rate_grid.py::test_widening_goes_one_step_beyond_the_end_its_best_sits_at_until_it_is_inside_or_capped",
+         "tests/test_rate_grid.py::test_bracketing_runs_finds_each_arms_best_inside_what_it_tried_and_only_those_at_an_end_pay"),
+        "an arm whose best rate is an end of the grid must try a rate beyond it, or its best is never bracketed",
+    ),
+    Mutation(
+        "a-widened-grid-ignores-its-cap", "hf_posenc_experiments/rate_grid.py",
+        "    if len(beyond) >= extensions:\n",
+        "    if len(beyond) >= extensions + 1:\n",
+        ("tests/test_rate_grid.py::test_widening_goes_one_step_beyond_the_end_its_best_sits_at_until_it_is_inside_or_capped",),
+        "the widening stops after the rates beyond each end that the settings allow, so an experiment's cost is bounded",
+    ),
+    Mutation(
         "settings-fingerprint-keeps-unused-optional-settings", "hf_posenc_experiments/config.py",
         "            if f.metadata.get(LEFT_OUT_AT_DEFAULT) and item == f.default:",
         "            if False:",

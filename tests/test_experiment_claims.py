@@ -65,6 +65,23 @@ def test_a_choice_inside_the_grid_is_fair_and_named():
     assert Claim.from_dict(Claim.judged("TAPA", "c", REFUTED, "worse", one_edge).to_dict()).tuning == one_edge
 
 
+def test_a_widening_grid_is_equal_effort_when_every_arm_tried_the_shared_grid():
+    grid = (6e-4, 2e-3, 6e-3)
+    widened = _tuning(rates={"RoPE": grid, "TAPA": (*grid, 2e-2, 6e-2)}, chosen={"RoPE": 2e-3, "TAPA": 2e-2},
+                      grid=grid)
+    assert widened.fair and "grid" in widened.to_dict()
+    assert Claim.from_dict(Claim.judged("TAPA", "c", REFUTED, "worse", widened).to_dict()).tuning == widened
+    # the same counts without the shared grid's record: a fixed grid must give every arm as many rates
+    fixed = _tuning(rates=widened.rates, chosen=widened.chosen)
+    assert fixed.missing() == ["the same number of learning rates tried for every arm"] and "grid" not in fixed.to_dict()
+    # an arm that skipped a rate of the shared grid had less effort
+    short = _tuning(rates={"RoPE": grid[1:], "TAPA": (*grid, 2e-2)}, chosen={"RoPE": 2e-3, "TAPA": 2e-3}, grid=grid)
+    assert short.missing()[0] == "every arm at every rate of the shared grid (not tried in full by: RoPE)"
+    # a widened arm still at its end is not bracketed
+    edge = _tuning(rates=widened.rates, chosen={"RoPE": 2e-3, "TAPA": 6e-2}, grid=grid)
+    assert edge.at_edge() == {"TAPA": "highest"} and not edge.fair
+
+
 def test_no_committed_report_says_refuted_without_a_fair_record():
     reports = sorted((ROOT / "examples" / "experiments").glob("*/results.json"))
     assert len(reports) >= 9

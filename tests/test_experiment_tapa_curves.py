@@ -18,13 +18,20 @@ STEPS = (1000, 2000, 4000)
 SEEDS = (0, 1, 2)
 
 
+def _method_rate(label: str) -> tuple[str, float]:
+    """``"TAPA lr=3e-3"`` -> ``("TAPA", 3e-3)``; ``"RoPE"`` / ``"NoPE"``: at 3e-3 (:func:`curve_label`)."""
+    method, _, rate = label.partition(" lr=")
+    return method, float(rate) if rate else 3e-3
+
+
 def _run(label: str, seed: int, losses, validation: float | None = None, phase=None) -> dict:
     """A synthetic cell result: held-out loss at L at each checkpoint, the validation loss at the last."""
     curve = {str(s): {"heldout": v, "phase": None if phase is None else {"median_phase_at_distance_1": phase}}
              for s, v in zip(STEPS, losses)}
     curve[str(STEPS[-1])]["validation"] = losses[-1] if validation is None else validation
     return {"label": label, "seed": seed, "seconds": 1.0, "final_train_loss": losses[-1], "curve": curve,
-            "perplexity": {"64": {"nll": losses[-1]}}, "scheme_init": None}
+            "perplexity": {"64": {"nll": losses[-1]}}, "scheme_init": None,
+            **dict(zip(("method", "learning_rate"), _method_rate(label)))}
 
 
 def _payload(curves: dict, grid: dict | None = None) -> dict:
@@ -70,7 +77,10 @@ def test_settings_are_the_issues(config):
     assert arms == {"RoPE": ("RoPE", "rope", 3e-3, None), "NoPE": ("NoPE", "prope:p=0", 3e-3, None),
                     "RoPE lr=1e-3": ("RoPE", "rope", 1e-3, None), "TAPA lr=1e-3": ("TAPA", "tapa", 1e-3, None),
                     "TAPA hot lr=1e-3": ("TAPA hot", "tapa", 1e-3, TAPA_CURVES_HOT_PHASE)}
-    assert TAPA_CURVES_HOT_PHASE == 7.0 and config.save_steps == 1000
+    assert TAPA_CURVES_HOT_PHASE == 7.0 and config.save_steps == 1000 and config.rate_extensions == 2
+    assert config.arm_at("TAPA hot", 3e-4) == ("TAPA hot lr=3e-4", type(config.arms["RoPE"])(
+        "TAPA hot", "tapa", 3e-4, TAPA_CURVES_HOT_PHASE))
+    assert config.arm_at("RoPE", 3e-3) == ("RoPE", config.arms["RoPE"])
     # the grid reuses the main arms where the rate coincides: only three cells train extra
     assert {label: a.learning_rate for label, a in config.grid_arms().items()} == {
         "NoPE lr=1e-3": 1e-3, "TAPA lr=3e-3": 3e-3, "TAPA hot lr=3e-3": 3e-3}
@@ -154,8 +164,15 @@ def test_grid_chooses_each_rate_on_validation_not_on_the_scored_text(config):
     assert best == {"RoPE": "RoPE", "NoPE": "NoPE", "TAPA": "TAPA lr=3e-3", "TAPA hot": "TAPA hot lr=1e-3"}
     assert len(summary.values["TAPA lr=3e-3"][64]) == 1 and len(summary.values["TAPA hot lr=1e-3"][64]) == 3
     table = "\n".join(grid_table(payload, config))
-    assert "| TAPA | 2.420 | 2.300 | 3e-3 | 2.600 (1 seed) |" in table
-    assert "| TAPA hot | 2.420 | 2.600 | 1e-3 | 2.422 ± 0.002 (3 seeds) |" in table
+    assert "| TAPA | 2.420 | 2.300 | 3e-3 (highest tried) | 2.600 (1 seed) |" in table
+    assert "| TAPA hot | 2.420 | 2.600 | 1e-3 (lowest tried) | 2.422 ± 0.002 (3 seeds) |" in table
+    # a widened rate joins its method's grid: a column of its own, the choice now inside what it tried
+    payload["grid"].append(_run("TAPA lr=9e-3", 0, (2.4, 2.3, 2.7), 2.35))
+    assert chosen_rates(payload, config)["TAPA"] == 3e-3
+    table = "\n".join(grid_table(payload, config))
+    assert "| method | validation, lr 1e-3 | validation, lr 3e-3 | validation, lr 9e-3 | chosen |" in table
+    assert "| TAPA | 2.420 | 2.300 | 2.350 | 3e-3 | 2.600 (1 seed) |" in table
+    assert "| RoPE | 1.930 | 1.850 | - | 3e-3 (highest tried) |" in table
 
 
 def test_claims_never_refute_without_the_regime(config):
@@ -194,7 +211,22 @@ def test_toy_end_to_end_through_the_command_line(austen, tmp_path):
     data = json.loads((out / "results.json").read_text())
     config = TapaCurvesConfig.preset("toy", seeds=1)
     assert [r["label"] for r in data["runs"]] == list(config.arms)
-    assert [r["label"] for r in data["grid"]] == ["NoPE lr=1e-3", "TAPA lr=3e-3", "TAPA hot lr=3e-3"]
+    # the grid's three cells, then one step beyond (x3) for each method whose best is an end (toy: once)
+    from hf_posenc_experiments.rate_grid import widened
+    from hf_posenc_experiments.tapa_curves import grid_runs, validation
+
+    labels = [r["label"] for r in data["grid"]]
+    assert labels[:3] == ["NoPE lr=1e-3", "TAPA lr=3e-3", "TAPA hot lr=3e-3"]
+    tried = {m: {rate: validation(r, config) for rate, r in rates.items()}
+             for m, rates in grid_runs(data, config).items()}
+    expected = []
+    for method, losses in tried.items():
+        grid_only = {rate: losses[rate] for rate in config.rates}
+        step = widened(grid_only, config.rates, 1)
+        assert sorted(set(losses) - set(config.rates)) == ([] if step is None else [step])
+        expected += [] if step is None else [config.arm_at(method, step)[0]]
+    assert labels[3:] == expected
+    assert data["claims"][0]["tuning"]["rates"] == {m: sorted(losses) for m, losses in tried.items()}
     for r in [*data["runs"], *data["grid"]]:
         assert sorted(r["curve"], key=int) == ["1", "2", "4"] and "validation" in r["curve"]["4"]
         assert (r["curve"]["4"]["phase"] is None) == (not r["spec"].startswith("tapa"))

@@ -48,9 +48,20 @@ def test_tape_peft_toy_end_to_end(toy_run):
     bases = config.bases
     assert [(r["label"], r["seed"]) for r in data["runs"]] == \
         [(BASE_LABEL, s) for s in bases] + [(label, s) for label in config.arms for s in bases]
-    # the grid: every arm at every rate on the first base, each scored on the validation text at 2L
-    assert sorted((r["label"], r["learning_rate"]) for r in data["grid"]) == \
-        sorted((label, rate) for label in config.arms for rate in config.learning_rates)
+    # the grid: every arm at every rate on the first base, each scored on the validation text at 2L; an arm whose
+    # best is an end of what it tried goes on one step beyond (toy: once), the rates it tried are its record
+    from hf_posenc_experiments.rate_grid import widened
+
+    tried = {label: {r["learning_rate"]: r["validation"]["nll"] for r in data["grid"] if r["label"] == label}
+             for label in config.arms}
+    assert all(set(config.learning_rates) <= set(rates) for rates in tried.values())
+    for label, rates in tried.items():
+        grid_only = {rate: rates[rate] for rate in config.learning_rates}
+        extra = sorted(set(rates) - set(config.learning_rates))
+        assert extra == ([] if widened(grid_only, config.learning_rates, 1) is None else
+                         [widened(grid_only, config.learning_rates, 1)])
+        assert widened(rates, config.learning_rates, config.rate_extensions) is None  # the widening finished
+    assert len(data["grid"]) == sum(map(len, tried.values()))
     assert {r["seed"] for r in data["grid"]} == {bases[0]}
     assert all(r["validation"]["context_length"] == config.extended_length and r["validation"]["num_scored"] > 0
                for r in data["grid"])
@@ -89,12 +100,13 @@ def test_tape_peft_toy_end_to_end(toy_run):
         tuning = claim["tuning"]
         assert tuning["validated"] and set(tuning["rates"]) == {TAPE_PEFT_CONTROL, *map(lora_label, config.ranks),
                                                                 label}
-        assert all(tuple(rates) == config.learning_rates for rates in tuning["rates"].values())
+        assert all(tuple(rates) == tuple(sorted(tried[arm])) for arm, rates in tuning["rates"].items())
         assert claim["status"] != REFUTED or tuning["fair"]
     assert data["verdict"][0].startswith("Tests:") and data["verdict"][2].startswith("Trainable parameters")
     markdown = (out / "results.md").read_text()
     assert markdown.count("## The papers' claims") == 1 and f"| {TAPE_PEFT_TAPE} - LoRA at its count |" in markdown
-    assert "| arm | lr 0.0002 | lr 0.002 | chosen |" in markdown
+    assert "| arm | " + " | ".join(f"lr {r:g}" for r in sorted({r["learning_rate"] for r in data["grid"]})) \
+        + " | chosen |" in markdown
     assert f"{data['trainable'][TAPE_PEFT_TAPE]['parameters']:,} trainable parameters" in markdown
     for png in ("heldout_loss.png", "loss_vs_parameters.png"):
         assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -186,14 +198,20 @@ def test_small_preset_settings():
     assert config.eval_multiples == (1, 2, 4, 8) and config.seeds == 3 and config.bases == [0, 1, 2]
     assert (config.extend.steps, config.extend.batch_size, config.extend.warmup_steps, config.extend.weight_decay) \
         == (1000, 8, 50, 0.0)
+    from hf_posenc_experiments.rate_grid import grid_step, one_digit
+
     paper = TAPE_PAPER_LEARNING_RATE / LLAMA2_PRETRAIN_LEARNING_RATE * config.pretrain.learning_rate
-    assert config.learning_rates[0] == pytest.approx(paper) == config.extend.learning_rate
-    assert len(config.learning_rates) == 3 and max(config.learning_rates) < config.pretrain.learning_rate
+    assert config.learning_rates == (6e-4, 2e-3, 6e-3) and config.extend.learning_rate == config.learning_rates[0]
+    # the paper's scaled rate is the grid's step below it: the widening reaches it when an arm's best is 6e-4
+    assert one_digit(config.learning_rates[0] / grid_step(config.learning_rates)) == pytest.approx(paper)
+    assert config.rate_extensions == 2 and "rate_extensions" in config.to_dict()
     assert config.tape_arms == [TAPE_PEFT_TAPE, TAPE_PEFT_WIDE]
     with pytest.raises(ValueError, match="--size small"):
         TapePeftConfig.preset("gpu")
-    with pytest.raises(ValueError, match="at least two rates"):
+    with pytest.raises(ValueError, match="at least two different rates"):
         dataclasses.replace(config, learning_rates=(config.extend.learning_rate,))
+    with pytest.raises(ValueError, match="rate_extensions must be >= 0"):
+        dataclasses.replace(config, rate_extensions=-1)
     unscaled = {**config.arms, TAPE_PEFT_TAPE: dataclasses.replace(config.arms[TAPE_PEFT_TAPE], spec="tape")}
     with pytest.raises(ValueError, match="PI x 2"):
         dataclasses.replace(config, arms=unscaled)
@@ -349,8 +367,11 @@ def test_each_arms_rate_is_chosen_on_the_validation_text():
     assert chosen[TAPE_PEFT_WIDE] == rates[0]  # a tie: the lower rate
     assert chosen[TAPE_PEFT_CONTROL] == rates[1]  # a diverged run (null) never wins
     assert chosen[lora_label(1)] == rates[1]  # though its scored loss is lowest at the last rate
-    assert at_edge(rates[2], config) == "highest" and at_edge(rates[0], config) == "lowest"
-    assert at_edge(rates[1], config) == ""
+    assert at_edge(grid, lora_label(8), rates[2]) == "highest" and at_edge(grid, TAPE_PEFT_WIDE, rates[0]) == "lowest"
+    assert at_edge(grid, TAPE_PEFT_TAPE, rates[1]) == ""
+    beyond = {**grid[0], "label": lora_label(8), "learning_rate": 2e-2, "validation": {"nll": 1.05}}
+    assert chosen_rates([*grid, beyond], config)[lora_label(8)] == rates[2]  # a widened rate joins its arm's grid
+    assert at_edge([*grid, beyond], lora_label(8), rates[2]) == ""  # and brackets its best
     with pytest.raises(ValueError, match="no run of"):
         chosen_rates([r for r in grid if r["learning_rate"] != rates[1]], config)
 
